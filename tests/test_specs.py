@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from servelab import specs
+from servelab.specs import ModelConfig, get_chip, get_model
+
+
+def test_every_entry_cites_a_source():
+    for config in specs.MODELS.values():
+        assert config.source, config.name
+    for chip in specs.CHIPS.values():
+        assert chip.source, chip.name
+
+
+@pytest.mark.parametrize("name,kind", [("Llama-3-8B", "gqa"), ("GPT-3-175B", "mha"),
+                                       ("DeepSeek-V3", "mla"), ("Mixtral-8x7B", "gqa")])
+def test_attention_kind(name, kind):
+    assert get_model(name).attention_kind == kind
+
+
+def test_mqa_is_detected():
+    assert get_model("llama-3-8b").with_(num_key_value_heads=1).attention_kind == "mqa"
+
+
+def test_from_hf_dict_reads_llama_names_and_defaults_like_transformers():
+    d = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
+         "rope_theta": 1e4, "torch_dtype": "float32", "unknown_future_field": 3}
+    c = ModelConfig.from_hf_dict(d)
+    assert c.num_key_value_heads == 8 and c.head_dim == 8 and c.architecture == "LlamaForCausalLM"
+
+
+def test_from_hf_dict_explicit_head_dim_and_mla_and_moe():
+    d = {"vocab_size": 10, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 48,
+         "kv_lora_rank": 16, "qk_rope_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2}
+    c = ModelConfig.from_hf_dict(d)
+    assert c.head_dim == 48 and c.attention_kind == "mla" and c.num_experts == 4 and c.is_moe
+
+
+def test_from_hf_dict_roundtrips_through_transformers_llamaconfig():
+    transformers = pytest.importorskip("transformers")
+    c = get_model("Llama-3.1-405B")
+    hf = transformers.LlamaConfig(**c.to_hf_dict())
+    back = ModelConfig.from_hf_dict(json.loads(hf.to_json_string()), name=c.name, source=c.source)
+    for field in ("hidden_size", "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size"):
+        assert getattr(back, field) == getattr(c, field)
+
+
+def test_missing_field_and_bad_ratio_raise_clearly():
+    with pytest.raises(ValueError, match="missing required field"):
+        ModelConfig.from_hf_dict({"hidden_size": 8})
+    with pytest.raises(ValueError, match="divide"):
+        ModelConfig(name="bad", vocab_size=1, hidden_size=8, intermediate_size=8,
+                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="positive integer"):
+        ModelConfig(name="bad", vocab_size=0, hidden_size=8, intermediate_size=8,
+                    num_hidden_layers=1, num_attention_heads=4)
+
+
+def test_lookups_name_the_known_entries():
+    with pytest.raises(ValueError, match="known models"):
+        get_model("GPT-5")
+    with pytest.raises(ValueError, match="known chips"):
+        get_chip("TPU v99")
+    assert get_chip("h100") is specs.H100_SXM and get_chip("b200").usable_memory_bytes == 180e9
+
+
+def test_b200_ops_per_byte_is_about_560_at_8_bits():
+    assert round(get_chip("B200").ops_per_byte("fp8")) == 562
+    with pytest.raises(ValueError, match="no dense rate"):
+        get_chip("A100 80GB").peak_flops("fp4")
