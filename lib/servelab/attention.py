@@ -1,0 +1,209 @@
+"""Attention, written out plainly: the causal mask, RoPE, KV-head sharing.
+
+These are the small functions the decoder in :mod:`servelab.model` is built
+from. They are deliberately naive (one matrix of scores, one softmax) so that a
+reader can print every intermediate tensor; the model uses PyTorch's fused
+``scaled_dot_product_attention`` for speed, and the tests check that both agree.
+
+Shapes follow the Hugging Face convention:
+queries ``[batch, n_heads, time, head_dim]``, keys and values
+``[batch, n_kv_heads, kv_time, head_dim]``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+__all__ = [
+    "causal_mask",
+    "mask_from_positions",
+    "rope_inv_freq",
+    "rope_cos_sin",
+    "rotate_half",
+    "apply_rope",
+    "repeat_kv",
+    "attention_scores",
+    "attention_probs",
+    "naive_attention",
+]
+
+
+# ---------------------------------------------------------------- masks
+
+def causal_mask(q_len: int, kv_len: int | None = None, device=None) -> torch.Tensor:
+    """Boolean ``[q_len, kv_len]`` mask, True where a query may look.
+
+    The queries are taken to be the *last* ``q_len`` positions of the
+    ``kv_len`` keys (the usual case with a cache: the new tokens come after
+    everything already stored), so query ``i`` sees keys ``0 .. kv_len-q_len+i``.
+    """
+    kv_len = q_len if kv_len is None else kv_len
+    if q_len < 0 or kv_len < q_len:
+        raise ValueError(f"need 0 <= q_len <= kv_len, got q_len={q_len}, kv_len={kv_len}")
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
+    k_pos = torch.arange(kv_len, device=device)
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+def mask_from_positions(q_positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Causal mask from explicit query positions: key ``j`` is visible to a
+    query at position ``p`` when ``j <= p``.
+
+    ``q_positions`` is ``[time]`` or ``[batch, time]``; the result is
+    ``[time, kv_len]`` or ``[batch, 1, time, kv_len]`` (broadcasts over heads).
+    This is the general form: it works for a prefill, a single decode step or
+    a chunk in the middle of a prompt, as long as the keys are stored in
+    position order starting at 0.
+    """
+    k_pos = torch.arange(kv_len, device=q_positions.device)
+    mask = k_pos <= q_positions[..., None]
+    if mask.dim() == 3:
+        mask = mask[:, None]
+    return mask
+
+
+# ---------------------------------------------------------------- RoPE
+
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0,
+                  rope_scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """Rotation speed of each pair of dimensions: ``theta ** (-2i / head_dim)``.
+
+    ``rope_scaling`` follows the Hugging Face config: ``None`` or
+    ``{"rope_type": "default"}`` leaves the frequencies alone;
+    ``{"rope_type": "linear", "factor": f}`` slows every pair by ``f``;
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` is Llama 3.1's recipe: pairs that
+    turn slowly (wavelength longer than the original context) are slowed by
+    ``factor``, fast ones are kept, and those in between are blended, so a model
+    trained at 8k positions can read 128k without relearning local order.
+    """
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number for RoPE, got {head_dim}")
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope_type = "default"
+    if rope_scaling:
+        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(rope_scaling["factor"])
+    if rope_type == "llama3":
+        try:
+            factor = float(rope_scaling["factor"])
+            low = float(rope_scaling["low_freq_factor"])
+            high = float(rope_scaling["high_freq_factor"])
+            old_len = float(rope_scaling["original_max_position_embeddings"])
+        except KeyError as err:
+            raise ValueError(f"rope_scaling of type 'llama3' is missing the field {err.args[0]!r}") from None
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        middle = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(middle, blended, scaled)
+    raise ValueError(
+        f"rope_scaling type {rope_type!r} is not supported; servelab implements {_SUPPORTED_ROPE_TYPES}")
+
+
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines for the given positions, shape ``[..., time, head_dim]``.
+
+    Angles are computed in fp32 whatever the model's dtype (positions in the
+    thousands times fast frequencies lose their fractional part in bf16), then
+    cast. Each frequency appears twice because :func:`rotate_half` pairs
+    dimension ``i`` with ``i + head_dim/2`` (the Hugging Face layout).
+    """
+    angles = position_ids[..., None].float() * inv_freq.to(position_ids.device).float()
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys ``[batch, heads, time, head_dim]`` by position.
+
+    ``cos``/``sin`` are ``[time, head_dim]`` or ``[batch, time, head_dim]`` from
+    :func:`rope_cos_sin`. After rotation the dot product of a query at position
+    m and a key at position n depends only on m - n: relative position for free.
+    """
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+# ---------------------------------------------------------------- attention
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Expand ``[batch, n_kv_heads, time, d]`` to ``[batch, n_kv_heads*n_rep, time, d]``.
+
+    With grouped-query attention several query heads read the same K/V head;
+    the cache stores each K/V head once and this expansion happens only at
+    compute time. Query head ``h`` uses K/V head ``h // n_rep``.
+    """
+    if n_rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+
+def _expand_for_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    if n_heads % n_kv:
+        raise ValueError(f"query heads ({n_heads}) must be a multiple of KV heads ({n_kv})")
+    rep = n_heads // n_kv
+    return repeat_kv(k, rep), repeat_kv(v, rep)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None,
+                     causal: bool = True, scale: float | None = None) -> torch.Tensor:
+    """Scaled scores ``q . k / sqrt(head_dim)``, masked positions set to -inf.
+
+    Returns ``[batch, n_heads, q_time, kv_time]``. With ``mask=None`` and
+    ``causal=True`` the queries are the last ``q_time`` positions of the keys.
+    """
+    k = repeat_kv(k, q.shape[1] // k.shape[1]) if q.shape[1] != k.shape[1] else k
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if mask is None and causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores
+
+
+def attention_probs(q, k, mask=None, causal=True, scale=None) -> torch.Tensor:
+    """Attention weights (softmax over keys, computed in fp32); rows sum to 1.
+
+    These are the numbers drawn as attention maps.
+    """
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of KV heads ({k.shape[1]})")
+    scores = attention_scores(q, k, mask=mask, causal=causal, scale=scale)
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype)
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None, causal: bool = True,
+                    scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v, one matrix at a time.
+
+    Works for MHA (as many K/V heads as query heads), GQA (fewer) and MQA
+    (one). Memory is ``q_time x kv_time`` per head, which is why real kernels
+    tile it; see the flash-attention chapter.
+    Returns ``[batch, n_heads, q_time, head_dim]``.
+    """
+    k, v = _expand_for_queries(q, k, v)
+    probs = attention_probs(q, k, mask=mask, causal=causal, scale=scale)
+    return probs @ v

@@ -1,0 +1,571 @@
+"""A Llama-architecture decoder in plain PyTorch, and a loader for Hugging Face checkpoints.
+
+One file holds the whole model so it can be read top to bottom:
+
+    token ids -> embed_tokens -> [ layer ] x N -> norm -> lm_head -> logits
+    layer:  h = h + self_attn(input_layernorm(h))      (RoPE, GQA, causal)
+            h = h + mlp(post_attention_layernorm(h))   (SwiGLU)
+
+Parameter names match Hugging Face's ``LlamaForCausalLM`` with the ``model.``
+prefix dropped, so a checkpoint maps onto this module name for name. Any
+Llama-family checkpoint (TinyLlama, SmolLM, Llama 3.x) loads with
+:func:`load_pretrained`; the tests check that logits match ``transformers`` to
+1e-4 in fp32.
+
+The pieces are public so that the serving engine can drive them itself:
+``model.embed(ids)``, ``model.rotary(position_ids)`` for cos/sin at any
+positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's Q, K, V,
+``layer.self_attn.attend(q, k, v, mask)`` and ``model.logits(h)``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from servelab.attention import apply_rope, mask_from_positions, repeat_kv, rope_cos_sin, rope_inv_freq
+
+__all__ = [
+    "LlamaConfig", "RMSNorm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
+    "LlamaModel", "KVCache", "load_pretrained", "save_pretrained", "load_config",
+    "load_state_dict", "count_parameters_from_config",
+]
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+# ====================================================================== config
+
+@dataclass
+class LlamaConfig:
+    """The fields of a Hugging Face Llama ``config.json`` that shape the network.
+
+    Field names are Hugging Face's. ``head_dim`` defaults to
+    ``hidden_size // num_attention_heads`` and ``num_key_value_heads`` to
+    ``num_attention_heads`` (plain multi-head attention), as in ``transformers``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    torch_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim explicitly")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"config field hidden_act={self.hidden_act!r} is not supported (Llama uses 'silu')")
+        if self.rope_scaling is not None:
+            rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling)  # validates the type/fields
+
+    # ------------------------------------------------------------------
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per K/V head (1 = MHA, num_attention_heads = MQA)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> "LlamaConfig":
+        """Read a Hugging Face ``config.json`` dict; refuses other architectures.
+
+        Understands both the classic ``rope_theta`` + ``rope_scaling`` fields and
+        the ``rope_parameters`` dict written by ``transformers`` 5.
+        """
+        d = dict(d)
+        archs = d.get("architectures")
+        if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise ValueError(
+                f"config field architectures={archs} is not supported; servelab.model loads "
+                f"{list(SUPPORTED_ARCHITECTURES)} checkpoints")
+        model_type = d.get("model_type")
+        if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"config field model_type={model_type!r} is not supported; expected one of "
+                f"{list(SUPPORTED_MODEL_TYPES)}")
+        rope_params = d.pop("rope_parameters", None)
+        if rope_params:
+            rope_params = dict(rope_params)
+            d.setdefault("rope_theta", rope_params.pop("rope_theta", 10000.0))
+            if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
+                d.setdefault("rope_scaling", rope_params)
+        if d.get("rope_scaling") and d["rope_scaling"].get("rope_type",
+                                                           d["rope_scaling"].get("type")) == "default":
+            d["rope_scaling"] = None
+        if "dtype" in d and "torch_dtype" not in d:
+            d["torch_dtype"] = d["dtype"]
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads")
+        missing = [name for name in required if name not in d]
+        if missing:
+            raise ValueError(f"config.json is missing the required field(s) {missing}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_hf_dict(self) -> dict:
+        """A ``config.json`` dict that both ``transformers`` and servelab read."""
+        d = asdict(self)
+        d = {k: v for k, v in d.items() if v is not None or k in ("rope_scaling",)}
+        d["architectures"] = list(SUPPORTED_ARCHITECTURES)
+        d["model_type"] = "llama"
+        return d
+
+
+def load_config(path: str | Path) -> LlamaConfig:
+    """Read ``config.json`` from a checkpoint folder (or the file itself)."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.exists():
+        raise FileNotFoundError(f"no config.json at {file}")
+    return LlamaConfig.from_hf_dict(json.loads(file.read_text()))
+
+
+# ====================================================================== layers
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight. Statistics in fp32 even when the model runs in bf16."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds RoPE's per-pair frequencies; call it with position ids to get cos/sin.
+
+    ``rotary(position_ids)`` -> ``(cos, sin)`` of shape ``[..., time, head_dim]``,
+    for any positions at all (a prefill chunk, one decode step per sequence...).
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32):
+        return rope_cos_sin(position_ids, self.inv_freq, dtype)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE and any number of K/V heads.
+
+    ``q_proj`` is ``hidden -> num_attention_heads * head_dim``; ``k_proj`` and
+    ``v_proj`` are ``hidden -> num_key_value_heads * head_dim`` (narrower under
+    GQA/MQA, which is the whole point: the cache stores only K and V).
+    """
+
+    def __init__(self, config: LlamaConfig, layer_idx: int = 0):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.kv_groups = config.kv_groups
+        self.scale = self.head_dim ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
+
+        Returns ``q [batch, num_heads, time, head_dim]`` and
+        ``k, v [batch, num_kv_heads, time, head_dim]`` -- the K and V are
+        exactly what a KV cache stores for these tokens.
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d)) v, then ``o_proj``; returns ``[batch, time, hidden]``.
+
+        ``mask`` is boolean, True = may attend, broadcastable to
+        ``[batch, heads, q_time, kv_time]``. K/V heads are expanded to the query
+        heads here, at compute time.
+        """
+        k = repeat_kv(k, self.kv_groups)
+        v = repeat_kv(v, self.kv_groups)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+                                             scale=self.scale)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+    def forward(self, x, cos, sin, mask=None, cache=None, is_causal=False):
+        q, k, v = self.project(x, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        return self.attend(q, k, v, mask=mask, is_causal=is_causal)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)). Three matrices of hidden x intermediate."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: attention then MLP, each added back to the residual stream."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int = 0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    @property
+    def attn(self) -> Attention:
+        """Short alias for ``self_attn`` (the Hugging Face name)."""
+        return self.self_attn
+
+    def forward(self, h, cos, sin, mask=None, cache=None, is_causal=False):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask=mask, cache=cache, is_causal=is_causal)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ====================================================================== cache
+
+class KVCache:
+    """A contiguous KV cache: one preallocated ``[batch, kv_heads, max_len, head_dim]``
+    tensor per layer for K and one for V, filled left to right.
+
+    Simple and wasteful -- every sequence reserves ``max_len`` slots up front --
+    which is exactly what the paged cache of the engine chapter fixes.
+    Protocol used by the model: ``update(layer_idx, k, v)`` stores the new
+    tokens' K/V at ``[length, length + t)`` and returns everything stored so far
+    for that layer; the model calls ``advance(t)`` once all layers are done.
+    """
+
+    def __init__(self, config: LlamaConfig, batch_size: int = 1, max_len: int | None = None,
+                 dtype: torch.dtype = torch.float32, device=None):
+        max_len = config.max_position_embeddings if max_len is None else max_len
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {end} tokens would exceed max_len={self.max_len}")
+        self.k[layer_idx, :, :, self.length:end] = k
+        self.v[layer_idx, :, :, self.length:end] = v
+        return self.k[layer_idx, :, :, :end], self.v[layer_idx, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def crop(self, length: int) -> None:
+        """Forget everything after ``length`` tokens (e.g. rejected draft tokens)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in [0, {self.length}], got {length}")
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved (not used): the whole preallocated K and V."""
+        return self.k.numel() * self.k.element_size() * 2
+
+
+# ====================================================================== model
+
+class LlamaModel(nn.Module):
+    """The whole decoder: ``forward(input_ids) -> logits [batch, time, vocab]``.
+
+    Attributes: ``embed_tokens``, ``layers`` (each with ``self_attn``/``attn``,
+    ``mlp`` and two norms), ``norm``, ``lm_head`` (the same Parameter as
+    ``embed_tokens.weight`` when ``tie_word_embeddings``), ``rotary``.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(config)
+
+    # -- pieces ---------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Look up each token's row of the embedding table: the start of the residual stream."""
+        return self.embed_tokens(input_ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm then the output head: residual stream -> a score per vocabulary entry."""
+        return self.lm_head(self.norm(h))
+
+    # -- forward --------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """Logits ``[batch, time, vocab]`` for ``input_ids [batch, time]``.
+
+        ``position_ids`` default to the next positions after what ``cache``
+        holds (0, 1, ... without a cache). With a cache the new K/V are stored
+        and the cache advances by ``time``.
+        """
+        return self.logits(self._run(input_ids, position_ids, cache)[-1])
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids=None, cache=None) -> list[torch.Tensor]:
+        """The residual stream after the embedding and after each layer (before the final norm)."""
+        return self._run(input_ids, position_ids, cache, keep_all=True)
+
+    def _run(self, input_ids, position_ids, cache, keep_all=False):
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        default_positions = position_ids is None
+        if default_positions:
+            position_ids = torch.arange(start, start + t, device=input_ids.device)
+        h = self.embed(input_ids)
+        cos, sin = self.rotary(position_ids, h.dtype)
+        if default_positions and start == 0:
+            mask, is_causal = None, True
+        else:
+            mask, is_causal = mask_from_positions(position_ids, start + t if cache is not None else t), False
+        states = [h] if keep_all else None
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask=mask, cache=cache, is_causal=is_causal)
+            if keep_all:
+                states.append(h)
+        if cache is not None:
+            cache.advance(t)
+        return states if keep_all else [h]
+
+    # -- helpers --------------------------------------------------------
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        p = self.embed_tokens.weight
+        return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied head is counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def init_weights(self, std: float = 0.02, seed: int | None = None) -> "LlamaModel":
+        """Normal(0, std) matrices, ones for norms -- the usual Llama initialisation."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        return self
+
+
+# ====================================================================== checkpoints
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
+
+
+def _resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
+        return _DTYPES[dtype.replace("torch.", "")]
+    raise ValueError(f"dtype must be a torch dtype or one of {list(_DTYPES)}, got {dtype!r}")
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    if single.exists():
+        return [single]
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not weight_map:
+            raise ValueError(f"{index} has no 'weight_map'")
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            if not (folder / shard).exists():
+                raise FileNotFoundError(f"shard {shard} named in {index.name} is missing from {folder}")
+        return [folder / s for s in shards]
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise ValueError(f"{folder} holds only pickle (.bin/.pt) weights; servelab reads safetensors only "
+                         "(convert with transformers: model.save_pretrained(path, safe_serialization=True))")
+    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
+
+
+def _hf_to_servelab_name(name: str) -> str:
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def load_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder, names as stored (``model.layers.0...``)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _checkpoint_files(Path(folder)):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
+                    device: str | torch.device = "cpu") -> LlamaModel:
+    """Build a :class:`LlamaModel` from a Hugging Face checkpoint folder.
+
+    Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
+    ``model.safetensors.index.json``). Every tensor must be accounted for:
+    missing, unexpected or wrongly shaped tensors raise ``ValueError`` naming
+    them. Returns the model in eval mode.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+    config = load_config(folder)
+    dtype = _resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = LlamaModel(config).to(dtype)
+    expected = {name: p for name, p in model.state_dict().items()}
+    raw = load_state_dict(folder)
+    tensors = {}
+    for name, t in raw.items():
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        tensors[_hf_to_servelab_name(name)] = t
+    if config.tie_word_embeddings and "lm_head.weight" in tensors:
+        # Some writers store the tied head anyway; it must equal the embedding.
+        head = tensors.pop("lm_head.weight")
+        if "embed_tokens.weight" in tensors and not torch.equal(head, tensors["embed_tokens.weight"]):
+            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from "
+                             "model.embed_tokens.weight; set tie_word_embeddings=false in config.json")
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise ValueError(f"checkpoint {folder} is missing tensor(s) "
+                         f"{['model.' + m if m != 'lm_head.weight' else m for m in missing][:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        raise ValueError(f"checkpoint {folder} has unexpected tensor(s) {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}; is it really a Llama model?")
+    for name, p in expected.items():
+        if tuple(tensors[name].shape) != tuple(p.shape):
+            raise ValueError(f"tensor {name} has shape {tuple(tensors[name].shape)} but config.json "
+                             f"implies {tuple(p.shape)}")
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    if config.tie_word_embeddings:  # to_empty gave the head its own storage; share it again
+        model.lm_head.weight = model.embed_tokens.weight
+    # RoPE frequencies are computed, not stored, and kept in fp32 whatever the weights' dtype.
+    model.rotary.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    return model.eval()
+
+
+def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[str, Any] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in Hugging Face layout.
+
+    A tied head is stored once (as the embedding), as ``transformers`` does.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_hf_dict()
+    cfg["torch_dtype"] = str(model.embed_tokens.weight.dtype).replace("torch.", "")
+    if extra_config:
+        cfg.update(extra_config)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        tensors[name if name == "lm_head.weight" else "model." + name] = t.detach().contiguous().cpu()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def count_parameters_from_config(config: LlamaConfig) -> dict[str, int]:
+    """Parameters by part, from the config alone (checked against real tensors in the tests)."""
+    d, hd = config.hidden_size, config.head_dim
+    attn = d * hd * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    if config.attention_bias:
+        attn += hd * (config.num_attention_heads + 2 * config.num_key_value_heads) + d
+    mlp = 3 * d * config.intermediate_size
+    if config.mlp_bias:
+        mlp += 2 * config.intermediate_size + d
+    norms = 2 * d
+    embed = config.vocab_size * d
+    head = 0 if config.tie_word_embeddings else config.vocab_size * d
+    per_layer = attn + mlp + norms
+    return {
+        "embedding": embed,
+        "attention": attn * config.num_hidden_layers,
+        "mlp": mlp * config.num_hidden_layers,
+        "norms": norms * config.num_hidden_layers + d,
+        "lm_head": head,
+        "per_layer": per_layer,
+        "total": embed + head + per_layer * config.num_hidden_layers + d,
+    }

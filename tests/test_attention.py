@@ -1,0 +1,101 @@
+"""servelab.attention: mask, RoPE and GQA expansion, checked against direct formulas."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from servelab.attention import (
+    apply_rope, attention_probs, causal_mask, mask_from_positions, naive_attention, repeat_kv,
+    rope_cos_sin, rope_inv_freq,
+)
+
+
+def test_causal_mask_square_and_with_past():
+    m = causal_mask(3)
+    assert m.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    m = causal_mask(2, 4)  # two new tokens after two cached ones
+    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert torch.equal(mask_from_positions(torch.tensor([2, 3]), 4), m)
+    assert mask_from_positions(torch.tensor([[0, 1], [5, 6]]), 7).shape == (2, 1, 2, 7)
+    with pytest.raises(ValueError):
+        causal_mask(5, 3)
+
+
+def test_rope_matches_complex_rotation():
+    """RoPE with the half-split layout is a rotation of (x_i, x_{i+d/2}) by pos * freq_i."""
+    d, pos = 8, torch.arange(5)
+    x = torch.randn(1, 1, 5, d, generator=torch.Generator().manual_seed(0))
+    inv = rope_inv_freq(d, 10000.0)
+    cos, sin = rope_cos_sin(pos, inv)
+    got = apply_rope(x, cos, sin)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * torch.polar(torch.ones(5, d // 2), pos[:, None] * inv)
+    assert torch.allclose(got, torch.cat([z.real, z.imag], dim=-1), atol=1e-6)
+    assert torch.allclose(got.norm(dim=-1), x.norm(dim=-1), atol=1e-5)  # rotations keep length
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(0, 200), n=st.integers(0, 200), shift=st.integers(0, 500))
+def test_rope_scores_depend_only_on_relative_position(m, n, shift):
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+    inv = rope_inv_freq(16, 10000.0)
+
+    def score(a, b):
+        cq, sq = rope_cos_sin(torch.tensor([a]), inv, torch.float64)
+        ck, sk = rope_cos_sin(torch.tensor([b]), inv, torch.float64)
+        return (apply_rope(q.double(), cq, sq) * apply_rope(k.double(), ck, sk)).sum().item()
+
+    # angles are computed in fp32 (as in transformers), so allow fp32 rounding of pos * freq
+    assert math.isclose(score(m, n), score(m + shift, n + shift), rel_tol=1e-4, abs_tol=1e-4)
+
+
+def test_llama3_scaling_keeps_fast_and_slows_slow_frequencies():
+    base = rope_inv_freq(128, 500000.0)
+    scaled = rope_inv_freq(128, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    assert torch.equal(scaled[:10], base[:10])                 # short wavelengths untouched
+    assert torch.allclose(scaled[-5:], base[-5:] / 8)          # long wavelengths / factor
+    assert (scaled <= base).all()
+    with pytest.raises(ValueError, match="low_freq_factor"):
+        rope_inv_freq(16, 1e4, {"rope_type": "llama3", "factor": 8.0})
+    with pytest.raises(ValueError, match="even"):
+        rope_inv_freq(7)
+
+
+def test_repeat_kv_maps_query_head_to_group():
+    kv = torch.arange(2 * 3).float().view(1, 2, 3, 1)
+    out = repeat_kv(kv, 3)
+    assert out.shape == (1, 6, 3, 1)
+    for h in range(6):
+        assert torch.equal(out[0, h], kv[0, h // 3])
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 4), (4, 2), (4, 1)])
+def test_naive_attention_equals_sdpa(n_heads, n_kv):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, n_heads, 6, 8, generator=g)
+    k = torch.randn(2, n_kv, 6, 8, generator=g)
+    v = torch.randn(2, n_kv, 6, 8, generator=g)
+    rep = n_heads // n_kv
+    ref = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep),
+                                                           is_causal=True)
+    assert torch.allclose(naive_attention(q, k, v), ref, atol=1e-5)
+    probs = attention_probs(q, k)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, n_heads, 6))
+    assert (probs[..., 0, 1:] == 0).all()  # the first token sees only itself
+
+
+def test_decode_step_attention_equals_last_row_of_prefill():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g) for _ in range(3))
+    full = naive_attention(q, k, v)
+    step = naive_attention(q[:, :, -1:], k, v)  # one query at the end, all keys
+    assert torch.allclose(full[:, :, -1:], step, atol=1e-6)
+
+
+def test_bad_head_ratio():
+    with pytest.raises(ValueError, match="multiple"):
+        naive_attention(torch.randn(1, 3, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))

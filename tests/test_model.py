@@ -1,0 +1,222 @@
+"""servelab.model against transformers: same logits, prefill and cached decode."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from servelab.model import (  # noqa: E402
+    KVCache, LlamaConfig, LlamaModel, count_parameters_from_config, load_config, load_pretrained,
+    save_pretrained,
+)
+
+VOCAB = 97
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+CONFIGS = {
+    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+    "gqa_tied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "mqa_headdim": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=24),
+    "gqa_llama3_rope": dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
+                            rope_scaling=LLAMA3_SCALING),
+    "linear_rope_bias": dict(num_attention_heads=2, num_key_value_heads=1, attention_bias=True,
+                             mlp_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+def hf_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    kwargs = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                  max_position_embeddings=64, rms_norm_eps=1e-5, num_attention_heads=4)
+    kwargs.update(overrides)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs)).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def pair(request, tmp_path_factory):
+    hf = hf_model(**CONFIGS[request.param])
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return hf, load_pretrained(folder), folder
+
+
+def test_prefill_logits_match_transformers(pair):
+    hf, ours, _ = pair
+    ids = torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids)
+    assert got.shape == (2, 23, VOCAB)
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+def test_cached_decode_matches_transformers(pair):
+    hf, ours, _ = pair
+    ids = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        cache = ours.new_cache(batch_size=2, max_len=40)
+        pieces = [ours(ids[:, :7], cache=cache)]
+        pieces.append(ours(ids[:, 7:12], cache=cache))       # a chunk after a prefix
+        for i in range(12, 30):                                # then one token at a time
+            pieces.append(ours(ids[:, i:i + 1], cache=cache))
+    assert cache.length == 30
+    assert (torch.cat(pieces, dim=1) - expected).abs().max().item() < 1e-4
+
+
+def test_explicit_position_ids_equal_default(pair):
+    _, ours, _ = pair
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = ours(ids)
+        b = ours(ids, position_ids=torch.arange(9))
+        c = ours(ids, position_ids=torch.arange(9)[None])
+    assert torch.allclose(a, b, atol=1e-6) and torch.allclose(a, c, atol=1e-6)
+
+
+def test_tied_head_shares_storage(tmp_path):
+    hf = hf_model(tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    m = load_pretrained(tmp_path)
+    assert m.lm_head.weight is m.embed_tokens.weight
+    assert m.num_parameters() == sum(p.numel() for p in hf.parameters())
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    hf = hf_model(num_attention_heads=4, num_key_value_heads=2)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert (load_pretrained(tmp_path)(ids) - hf(ids).logits).abs().max() < 1e-4
+
+
+def test_classic_config_fields_and_bf16(tmp_path):
+    """Old-style config.json (rope_theta + rope_scaling, torch_dtype) as Llama 3.1 ships it."""
+    hf = hf_model(num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+                  rope_scaling=LLAMA3_SCALING)
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        expected = hf(ids).logits
+        assert (load_pretrained(tmp_path)(ids) - expected).abs().max() < 1e-4
+        bf16 = load_pretrained(tmp_path, dtype="bfloat16")
+        assert bf16.lm_head.weight.dtype == torch.bfloat16
+        assert bf16.rotary.inv_freq.dtype == torch.float32
+        assert (bf16(ids).float() - expected).abs().max() < 0.1
+
+
+def test_save_pretrained_roundtrips_through_transformers(tmp_path):
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      rope_scaling=LLAMA3_SCALING, max_position_embeddings=64)
+    ours = LlamaModel(cfg).init_weights(seed=0).eval()
+    save_pretrained(ours, tmp_path)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.arange(20)[None]
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids)).abs().max() < 1e-4
+    assert load_config(tmp_path) == dataclasses.replace(cfg, torch_dtype="float32")
+
+
+def test_parameter_count_from_config_matches_tensors():
+    for extra in CONFIGS.values():
+        hf = hf_model(**extra)
+        cfg = LlamaConfig.from_hf_dict(hf.config.to_dict())
+        assert count_parameters_from_config(cfg)["total"] == sum(p.numel() for p in hf.parameters())
+
+
+def test_kv_cache_bounds_and_crop():
+    cfg = LlamaConfig(vocab_size=11, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2)
+    m = LlamaModel(cfg).init_weights(seed=0)
+    cache = KVCache(cfg, batch_size=1, max_len=4)
+    assert cache.nbytes == 2 * 1 * 1 * 2 * 4 * 8 * 4
+    with torch.no_grad():
+        m(torch.tensor([[1, 2, 3]]), cache=cache)
+        cache.crop(2)
+        m(torch.tensor([[4, 5]]), cache=cache)
+        with pytest.raises(ValueError, match="full"):
+            m(torch.tensor([[6]]), cache=cache)
+    with pytest.raises(ValueError, match="crop"):
+        cache.crop(9)
+
+
+# ------------------------------------------------------------------ errors
+
+@pytest.fixture()
+def saved(tmp_path):
+    hf_model(num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def _edit_tensors(folder, fn):
+    tensors = load_file(str(folder / "model.safetensors"))
+    fn(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_missing_tensor_is_named(saved):
+    _edit_tensors(saved, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match=r"missing.*model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_pretrained(saved)
+
+
+def test_unexpected_tensor_is_named(saved):
+    _edit_tensors(saved, lambda t: t.update({"model.layers.0.self_attn.q_norm.weight": torch.ones(12)}))
+    with pytest.raises(ValueError, match=r"unexpected.*layers\.0\.self_attn\.q_norm\.weight"):
+        load_pretrained(saved)
+
+
+def test_wrong_shape_is_named(saved):
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.gate_proj\.weight has shape"):
+        load_pretrained(saved)
+
+
+@pytest.mark.parametrize("field,value", [("architectures", ["MistralForCausalLM"]),
+                                         ("model_type", "qwen2"), ("hidden_act", "gelu")])
+def test_unsupported_architecture_names_the_field(saved, field, value):
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg[field] = value
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=field):
+        load_pretrained(saved)
+
+
+def test_missing_config_field_and_bad_rope(saved):
+    cfg = json.loads((saved / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        load_pretrained(saved)
+    with pytest.raises(ValueError, match="yarn"):
+        LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=2, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        LlamaConfig(vocab_size=8, hidden_size=12, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=3, num_key_value_heads=2)
+
+
+def test_pickle_only_folder_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_model().config.to_dict()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ValueError, match="safetensors"):
+        load_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        load_pretrained(tmp_path / "nope")
