@@ -1,0 +1,265 @@
+"""What a chat costs in rented chip time: the calculator of chapter 24.
+
+A chat turn spends chip time in two ways:
+
+* **prefill** reads the prompt tokens that are *not* in the prefix cache, at
+  about 2 operations per parameter each plus attention work, at an arithmetic
+  efficiency of the replica's peak. Cached tokens skip this entirely.
+* **decode** writes the reply one token per step. A step is shared by
+  everyone in the batch, so each output token costs ``step / batch`` of the
+  whole replica. The batch is an assumed operating point (128 by default, as
+  in the seed guide), lowered when long conversations do not fit in memory.
+
+Chip-seconds times the hourly rental price gives dollars. The calculator counts
+chip rental only; real list prices also pay for idle peak capacity, networks,
+buildings, engineering and training (see chapter 24). Pure Python, no torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Iterable, Mapping
+
+from servelab.arith import prefill_ops
+from servelab.roofline import EXAMPLE_REPLICA, Replica
+from servelab.specs import ModelConfig, get_model
+
+__all__ = [
+    "CHIP_HOURLY_USD", "PRICE_SOURCES", "DEFAULT_BATCH", "ChatCost", "chat_cost",
+    "SENSITIVITY_RANGES", "Sensitivity", "sensitivity", "plot_sensitivity",
+]
+
+#: On-demand rental price per chip-hour in US dollars, from public price lists.
+#: Prices move; pass your own ``price_per_chip_hour`` for a current quote.
+CHIP_HOURLY_USD: dict[str, float] = {
+    "H100 SXM": 2.99,
+    "B200": 4.99,
+}
+PRICE_SOURCES: dict[str, str] = {
+    "H100 SXM": "Lambda on-demand cloud pricing, 8x NVIDIA H100 SXM instance, per GPU-hour "
+                "(https://lambda.ai/pricing, 2025)",
+    "B200": "Lambda on-demand cloud pricing, 8x NVIDIA B200 instance, per GPU-hour "
+            "(https://lambda.ai/pricing, 2025)",
+}
+
+#: The assumed number of people sharing a decode step (the seed's operating point).
+DEFAULT_BATCH = 128
+
+
+@dataclass(frozen=True)
+class ChatCost:
+    """Chip time and dollars for one chat turn, with per-million-token rates."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    batch: int                  # people sharing each decode step
+    step_s: float               # one decode step at the average context
+    prefill_chip_s: float
+    decode_chip_s: float
+    price_per_chip_hour: float
+
+    @property
+    def fresh_tokens(self) -> int:
+        return self.input_tokens - self.cached_tokens
+
+    @property
+    def chip_s(self) -> float:
+        return self.prefill_chip_s + self.decode_chip_s
+
+    @property
+    def usd_per_chip_s(self) -> float:
+        return self.price_per_chip_hour / 3600.0
+
+    @property
+    def input_usd(self) -> float:
+        return self.prefill_chip_s * self.usd_per_chip_s
+
+    @property
+    def output_usd(self) -> float:
+        return self.decode_chip_s * self.usd_per_chip_s
+
+    @property
+    def usd_per_chat(self) -> float:
+        return self.input_usd + self.output_usd
+
+    @property
+    def input_usd_per_million(self) -> float:
+        """Dollars per million prompt tokens that miss the cache (cached ones cost ~nothing here)."""
+        return self.input_usd / self.fresh_tokens * 1e6 if self.fresh_tokens else 0.0
+
+    @property
+    def blended_input_usd_per_million(self) -> float:
+        """Dollars per million prompt tokens, cached and fresh together."""
+        return self.input_usd / self.input_tokens * 1e6
+
+    @property
+    def output_usd_per_million(self) -> float:
+        return self.output_usd / self.output_tokens * 1e6
+
+    @property
+    def output_to_input_ratio(self) -> float:
+        """How many times a fresh input token an output token costs."""
+        return self.output_usd_per_million / self.input_usd_per_million if self.fresh_tokens else math.inf
+
+    def as_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        for name in ("fresh_tokens", "chip_s", "input_usd", "output_usd", "usd_per_chat",
+                     "input_usd_per_million", "blended_input_usd_per_million", "output_usd_per_million",
+                     "output_to_input_ratio"):
+            d[name] = getattr(self, name)
+        return d
+
+
+def _check_fraction_closed(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a share in [0, 1], got {value!r}")
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+
+
+def chat_cost(conversation_tokens: int = 8000, reply_tokens: int = 500, cached_share: float = 0.5,
+              price_per_chip_hour: float | None = None, replica: Replica = EXAMPLE_REPLICA,
+              config: ModelConfig | str | None = "Example-200B", batch: int = DEFAULT_BATCH,
+              prefill_efficiency: float | None = None) -> ChatCost:
+    """Chip-seconds and dollars for one chat turn.
+
+    ``conversation_tokens`` is everything sent this turn (instructions, history,
+    the new message); ``cached_share`` of it sits in the prefix cache;
+    ``reply_tokens`` are written one step at a time. ``config`` adds attention
+    work to prefill (None: the 2 x parameters rule only). The batch is
+    ``min(batch, people whose caches fit)`` at the average context during the
+    reply. ``price_per_chip_hour`` defaults to :data:`CHIP_HOURLY_USD` for the
+    replica's chip.
+    """
+    _check_count("conversation_tokens", conversation_tokens)
+    _check_count("reply_tokens", reply_tokens)
+    _check_fraction_closed("cached_share", cached_share)
+    _check_count("batch", batch)
+    if not isinstance(replica, Replica):
+        raise ValueError(f"replica must be a servelab.roofline.Replica, got {type(replica).__name__}")
+    if price_per_chip_hour is None:
+        if replica.chip.name not in CHIP_HOURLY_USD:
+            raise ValueError(f"no listed price for {replica.chip.name}; pass price_per_chip_hour= "
+                             f"(listed: {sorted(CHIP_HOURLY_USD)})")
+        price_per_chip_hour = CHIP_HOURLY_USD[replica.chip.name]
+    if isinstance(price_per_chip_hour, bool) or not isinstance(price_per_chip_hour, (int, float)) \
+            or not 0 < price_per_chip_hour < math.inf:
+        raise ValueError(f"price_per_chip_hour must be a positive number of dollars, got {price_per_chip_hour!r}")
+    efficiency = replica.compute_efficiency if prefill_efficiency is None else prefill_efficiency
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+        raise ValueError(f"prefill_efficiency must be a fraction in (0, 1], got {efficiency!r}")
+    cfg = get_model(config) if config is not None else None
+
+    cached = int(round(conversation_tokens * cached_share))
+    if cached:
+        prefill = prefill_ops(replica.num_params, conversation_tokens, cfg, cached_tokens=cached)
+    else:
+        prefill = prefill_ops(replica.num_params, conversation_tokens, cfg)
+    # the whole replica works on the prompt; chip-seconds = replica-seconds x chips
+    prefill_replica_s = prefill / (replica.peak_ops * efficiency)
+    prefill_chip_s = prefill_replica_s * replica.num_chips
+
+    average_context = conversation_tokens + reply_tokens // 2
+    fits = replica.people(average_context)
+    if fits < 1:
+        raise ValueError(f"one conversation of {average_context:,} tokens does not fit in the replica's "
+                         f"{replica.free_bytes / 1e9:,.0f} GB of KV room: shorten it or add chips")
+    shared_by = min(batch, fits)
+    step = replica.step_seconds(shared_by, average_context)
+    decode_chip_s = reply_tokens * step / shared_by * replica.num_chips
+    return ChatCost(input_tokens=conversation_tokens, cached_tokens=cached, output_tokens=reply_tokens,
+                    batch=shared_by, step_s=step, prefill_chip_s=prefill_chip_s,
+                    decode_chip_s=decode_chip_s, price_per_chip_hour=float(price_per_chip_hour))
+
+
+# ---------------------------------------------------------------------------
+# What moves the answer most
+# ---------------------------------------------------------------------------
+
+#: Low and high values tried for each knob of :func:`chat_cost` (the rest held
+#: at the base case). Ranges are plausible spans, chosen for illustration.
+SENSITIVITY_RANGES: dict[str, tuple[Any, Any]] = {
+    "cached_share": (0.0, 0.9),
+    "conversation_tokens": (2_000, 64_000),
+    "reply_tokens": (100, 4_000),
+    "price_per_chip_hour": ("x0.5", "x2"),
+    "batch": (32, 256),
+    "prefill_efficiency": (0.3, 0.8),
+}
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """One knob's swing: cost per chat at its low and high values."""
+
+    knob: str
+    low_value: Any
+    high_value: Any
+    low_usd: float
+    high_usd: float
+    base_usd: float
+
+    @property
+    def swing(self) -> float:
+        """max/min of the two costs: how many times over this knob can move the answer."""
+        lo, hi = sorted((self.low_usd, self.high_usd))
+        return hi / lo
+
+
+def sensitivity(base: Mapping[str, Any] | None = None,
+                ranges: Mapping[str, tuple[Any, Any]] | None = None) -> list[Sensitivity]:
+    """Vary each knob between its low and high value, others at ``base``; biggest swing first.
+
+    ``base`` holds :func:`chat_cost` keyword arguments; ``ranges`` maps knob
+    names to (low, high). A value written ``"x0.5"`` multiplies the base value.
+    """
+    base = dict(base or {})
+    ranges = dict(SENSITIVITY_RANGES if ranges is None else ranges)
+    base_cost = chat_cost(**base)
+    resolved = {"conversation_tokens": base_cost.input_tokens, "reply_tokens": base_cost.output_tokens,
+                "price_per_chip_hour": base_cost.price_per_chip_hour, "batch": base.get("batch", DEFAULT_BATCH),
+                "cached_share": base.get("cached_share", 0.5),
+                "prefill_efficiency": base.get("prefill_efficiency",
+                                               base.get("replica", EXAMPLE_REPLICA).compute_efficiency)}
+    out = []
+    for knob, (low, high) in ranges.items():
+        if knob not in resolved:
+            raise ValueError(f"unknown knob {knob!r}; choose from {sorted(resolved)}")
+
+        def value(v: Any) -> Any:
+            if isinstance(v, str) and v.startswith("x"):
+                scaled = resolved[knob] * float(v[1:])
+                return int(round(scaled)) if isinstance(resolved[knob], int) else scaled
+            return v
+
+        lo_v, hi_v = value(low), value(high)
+        lo_cost = chat_cost(**{**base, knob: lo_v}).usd_per_chat
+        hi_cost = chat_cost(**{**base, knob: hi_v}).usd_per_chat
+        out.append(Sensitivity(knob, lo_v, hi_v, lo_cost, hi_cost, base_cost.usd_per_chat))
+    return sorted(out, key=lambda s: s.swing, reverse=True)
+
+
+def plot_sensitivity(results: Iterable[Sensitivity], ax=None, title: str | None = None):
+    """A tornado chart: one bar per knob from its low-value cost to its high-value cost."""
+    import matplotlib.pyplot as plt  # only when drawing
+
+    results = list(results)
+    if not results:
+        raise ValueError("no sensitivity results to plot; call sensitivity() first")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 0.5 * len(results) + 1.2))
+    base = results[0].base_usd
+    for i, s in enumerate(reversed(results)):
+        lo, hi = sorted((s.low_usd, s.high_usd))
+        ax.barh(i, hi - lo, left=lo, color="tab:blue", alpha=0.7)
+        ax.text(hi, i, f"  {s.knob}: {s.low_value} → {s.high_value}", va="center", fontsize=8)
+    ax.axvline(base, color="black", lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.set_yticks([])
+    ax.set_xlabel("chip cost per chat (US$, log scale)")
+    ax.set_title(title or "What moves the cost of a chat")
+    return ax

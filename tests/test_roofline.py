@@ -1,0 +1,199 @@
+"""servelab.roofline: intensity, ridge, the step-time model and the seed's worked figures."""
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from servelab import roofline as rl
+from servelab import specs
+from servelab.kvcache import kv_bytes_per_token
+from servelab.specs import GB, TB
+
+R = rl.EXAMPLE_REPLICA
+
+
+# -- seed figures ------------------------------------------------------------------
+
+def test_seed_b200_ops_per_byte_and_decode_gap():
+    assert rl.ops_per_byte("B200", "fp8") == pytest.approx(562.5)   # "about 560"
+    assert rl.decode_intensity(1, bytes_per_param=1) == 2.0          # 2 ops per weight byte at 8 bits
+    assert rl.ops_per_byte("B200") / rl.decode_intensity(1) == pytest.approx(281.25)  # "280 times below"
+
+
+def test_seed_balance_point_about_230_people():
+    b = rl.balance_batch("B200", "fp8", bytes_per_param=1, compute_efficiency=0.5, bandwidth_efficiency=0.6)
+    assert b == pytest.approx(4.5e15 * 0.5 / (8e12 * 0.6) / 2)
+    assert 225 <= b <= 240
+    assert R.balance_batch == pytest.approx(b)
+
+
+def test_seed_example_replica_shape():
+    assert R.num_chips == 8 and R.chip is specs.B200
+    assert R.weights_bytes == 200 * GB
+    assert R.kv_bytes_per_token == 163_840 == kv_bytes_per_token(specs.EXAMPLE_200B, "fp8")
+
+
+def test_seed_step_11_6_ms_at_128_people_8k():
+    step = R.step_seconds(128, 8000)
+    manual = (200e9 + 128 * 8000 * 163_840) / (8 * 8e12 * 0.6) + 0.002
+    assert step == pytest.approx(manual)
+    assert round(step * 1e3, 1) == 11.6
+    assert rl.decode_step_seconds(200e9, 163_840, 128, 8000, 64e12) == pytest.approx(manual)
+    assert round(R.per_person_tokens_per_s(128, 8000)) == 86
+    assert R.replica_tokens_per_s(128, 8000) == pytest.approx(11_000, rel=0.01)
+
+
+def test_seed_people_per_replica_900_56_7():
+    # Assumption: free memory = (8 x 180 GB usable - 200 GB) x (1 - 5% margin) = 1,178 GB,
+    # lengths decimal (8k = 8,000 tokens).
+    assert R.free_bytes == pytest.approx(1178 * GB)
+    assert [R.people(n) for n in (8_000, 128_000, 1_000_000)] == [898, 56, 7]
+    assert round(R.people(8_000), -2) == 900
+
+
+def test_seed_lone_request_70b_bf16():
+    tps = rl.lone_request_tokens_per_s(140 * GB, 3.35 * TB)
+    assert tps == pytest.approx(23.93, abs=0.01)
+    assert round(tps) == 24
+
+
+# -- shapes of the model ------------------------------------------------------------
+
+def test_step_grows_with_batch_and_context_and_overhead_is_floor():
+    assert R.step_seconds(1, 0) == R.step_seconds(64, 0)  # no cache to read: batching is free
+    assert R.step_seconds(1, 1000) < R.step_seconds(64, 1000) < R.step_seconds(64, 8000)
+    assert R.step_seconds(1, 0) == pytest.approx(200e9 / (64e12 * 0.6) + 0.002)
+    assert R.with_(overhead_s=0).step_seconds(1, 0) == pytest.approx(200e9 / 38.4e12)
+
+
+def test_compute_takes_over_past_balance():
+    r = R.with_(kv_bytes_per_token=1e-9)  # weights only
+    below, above = 100, 1000
+    assert r.memory_seconds(below, 0) > r.compute_seconds(below)
+    assert r.compute_seconds(above) > r.memory_seconds(above, 0)
+    b = r.balance_batch
+    assert r.compute_seconds(1) * b == pytest.approx(r.memory_seconds(1, 0), rel=1e-6)
+
+
+def test_per_person_vs_replica_throughput():
+    step = 0.0116
+    assert rl.per_person_tokens_per_s(step) == pytest.approx(86.2, abs=0.1)
+    assert rl.replica_tokens_per_s(128, step) == pytest.approx(128 / step)
+
+
+def test_decode_intensity_with_kv_reads_is_capped():
+    params, seat = 200e9, 8000 * 163_840
+    i1 = rl.decode_intensity(1, 1.0, seat, params)
+    i_big = rl.decode_intensity(10_000, 1.0, seat, params)
+    assert i1 < 2.0
+    assert i_big < 2 * params / seat  # cap: 2 x params / seat bytes
+    assert rl.decode_intensity(128, 2.0) == 128
+
+
+def test_prefill_intensity_and_attainable():
+    assert rl.prefill_intensity(3000, 1) == 6000
+    peak, bw = 4.5e15, 8e12
+    assert rl.attainable_ops(2, peak, bw) == 16e12
+    assert rl.attainable_ops(6000, peak, bw) == peak
+
+
+def test_ridge_point_efficiencies():
+    assert rl.ridge_point("B200") == pytest.approx(562.5)
+    assert rl.ridge_point("B200", compute_efficiency=0.5, bandwidth_efficiency=0.6) == pytest.approx(468.75)
+    assert rl.ridge_point("H100", "bf16") == pytest.approx(989.4e12 / 3.35e12)
+
+
+def test_replica_for_model():
+    r = rl.Replica.for_model("Llama-3-70B", "H100", 2, weight_dtype="bf16", cache_dtype="bf16")
+    assert r.weights_bytes == 140 * GB
+    assert r.kv_bytes_per_token == 327_680
+    assert r.people(4000) == int(r.free_bytes // (4000 * 327_680))
+    s = r.summary(8, 4000)
+    assert s["step_ms"] == pytest.approx(r.step_seconds(8, 4000) * 1e3)
+    assert s["replica_tok_s"] == pytest.approx(8 * s["per_person_tok_s"])
+    assert r.lone_request_tokens_per_s() < rl.lone_request_tokens_per_s(140 * GB, 6.7 * TB)
+
+
+def test_memory_tiers_ordered_by_speed():
+    bws = [t.bandwidth for t in rl.MEMORY_TIERS if t.bandwidth]
+    assert bws == sorted(bws, reverse=True)
+    assert all(t.source for t in rl.MEMORY_TIERS)
+
+
+# -- validation ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda: rl.ops_per_byte("no-such-chip"),
+    lambda: rl.ops_per_byte("A100 80GB", "fp8"),
+    lambda: rl.decode_intensity(0),
+    lambda: rl.decode_intensity(1, 0),
+    lambda: rl.decode_intensity(1, 1, kv_bytes_per_seat=10),  # needs params
+    lambda: rl.prefill_intensity(-5),
+    lambda: rl.ridge_point("B200", compute_efficiency=0),
+    lambda: rl.ridge_point("B200", bandwidth_efficiency=1.01),
+    lambda: rl.balance_batch("B200", bytes_per_param=-1),
+    lambda: rl.decode_step_seconds(0, 1, 1, 1, 1e12),
+    lambda: rl.decode_step_seconds(1e9, 1, 0, 1, 1e12),
+    lambda: rl.decode_step_seconds(1e9, 1, 1, -1, 1e12),
+    lambda: rl.decode_step_seconds(1e9, 1, 1, 1, 1e12, bandwidth_efficiency=0),
+    lambda: rl.decode_step_seconds(1e9, 1, 1, 1, 1e12, overhead_s=-0.001),
+    lambda: rl.per_person_tokens_per_s(0),
+    lambda: rl.replica_tokens_per_s(0, 0.01),
+    lambda: rl.lone_request_tokens_per_s(140e9, 3.35e12, efficiency=2),
+    lambda: rl.people_per_replica(1e9, 1000, 0),
+    lambda: rl.people_per_replica(-1e9, 1000, 10),
+    lambda: R.with_(num_chips=0),
+    lambda: R.with_(bandwidth_efficiency=0.0),
+    lambda: R.with_(compute_efficiency=1.5),
+    lambda: R.with_(dtype="fp3"),
+    lambda: R.with_(weights_bytes=2000 * GB).free_bytes,  # weights do not fit
+    lambda: rl.Replica.for_model("Llama-3-70B", "no-chip", 2),
+    lambda: rl.attainable_ops(0, 1, 1),
+])
+def test_bad_input_raises_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+# -- properties -------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 2048), ctx=st.integers(0, 200_000), eff=st.floats(0.05, 1.0))
+def test_step_monotone_and_throughput_consistent(batch, ctx, eff):
+    r = R.with_(bandwidth_efficiency=eff)
+    step = r.step_seconds(batch, ctx)
+    assert step >= r.overhead_s
+    assert r.step_seconds(batch + 1, ctx) >= step
+    assert r.step_seconds(batch, ctx + 1) >= step
+    assert r.replica_tokens_per_s(batch, ctx) == pytest.approx(batch / step)
+    # batching never lowers the replica's output
+    assert r.replica_tokens_per_s(batch + 1, ctx) >= r.replica_tokens_per_s(batch, ctx) * (1 - 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ctx=st.integers(1, 2_000_000))
+def test_people_fit_in_free_memory(ctx):
+    n = R.people(ctx)
+    assert n * ctx * R.kv_bytes_per_token <= R.free_bytes
+    assert (n + 1) * ctx * R.kv_bytes_per_token > R.free_bytes
+
+
+# -- import hygiene and plotting ----------------------------------------------------------
+
+def test_pure_part_imports_without_torch():
+    code = "import sys, servelab.roofline, servelab.arith, servelab.cost; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plot_roofline_returns_axes():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ax = rl.plot_roofline(4.5e15, 8e12, points=[(2, 16e12, "decode B=1"), (6000, 2.25e15, "prefill")],
+                          title="B200")
+    assert ax.get_xscale() == "log" and len(ax.lines) >= 3
+    plt.close(ax.figure)
+    with pytest.raises(ValueError):
+        rl.plot_roofline(0, 8e12)
