@@ -120,6 +120,11 @@ def bpe_encode_chunk(chunk: bytes, ranks: dict[bytes, int]) -> list[bytes]:
     parts = [chunk[i:i + 1] for i in range(len(chunk))]
     if len(parts) > 64:
         return _bpe_long(parts, ranks)
+    return _bpe_scan(parts, ranks)
+
+
+def _bpe_scan(parts: list[bytes], ranks) -> list[bytes]:
+    """The plain quadratic scan: fastest for the short chunks real text is made of."""
     get = ranks.get
     while len(parts) > 1:
         best_rank = None
@@ -476,7 +481,8 @@ class Tokenizer:
     # -- Hugging Face -------------------------------------------------------------
 
     @classmethod
-    def from_huggingface(cls, source: str | Path | dict, name: str | None = None) -> "Tokenizer":
+    def from_huggingface(cls, source: str | Path | dict, name: str | None = None, *,
+                         label: str | None = None) -> "Tokenizer":
         """Load a Hugging Face byte-level BPE ``tokenizer.json`` (a path or the parsed dict).
 
         Supported: ``model.type == "BPE"`` with byte-level vocab and merges, a ``ByteLevel``
@@ -484,7 +490,7 @@ class Tokenizer:
         normalizer. Added tokens marked ``special`` become special tokens. Merge priority is
         the merge's position in the list, as in Hugging Face.
         """
-        label = str(source) if not isinstance(source, dict) else "<dict>"
+        label = label or (str(source) if not isinstance(source, dict) else "<dict>")
         data = _read_json(source) if not isinstance(source, dict) else source
         model = data.get("model") if isinstance(data, dict) else None
         if not isinstance(model, dict) or model.get("type", "BPE") != "BPE" or "vocab" not in model:
@@ -544,7 +550,8 @@ class Tokenizer:
         return {
             "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": self.pattern}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": _onig_pattern(self.pattern)}, "behavior": "Isolated",
+                 "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
             "post_processor": None,
             "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
@@ -635,7 +642,7 @@ class Tokenizer:
             if isinstance(data, dict) and data.get("format") == FORMAT_NAME:
                 return cls.from_dict(data, str(path))
             if isinstance(data, dict) and "model" in data:
-                return cls.from_huggingface(data, name=path.stem)
+                return cls.from_huggingface(data, name=path.stem, label=str(path))
             raise ValueError(f"{path}: JSON, but neither a servelab-bpe file (no \"format\": \"{FORMAT_NAME}\") "
                              "nor a Hugging Face tokenizer.json (no \"model\")")
         ranks = {}
@@ -668,6 +675,16 @@ class _RankLimit:
     def get(self, key, default=None):
         r = self.ranks.get(key)
         return r if r is not None and r < self.limit else default
+
+
+def _onig_pattern(pattern: str) -> str:
+    """Rewrite a pattern for Hugging Face's regex engine (Oniguruma).
+
+    Oniguruma reads ``{1,3}+`` as "one to three, repeated", not as a possessive ``{1,3}``;
+    a bounded repeat at the end of an alternative never backtracks anyway, so the ``+``
+    is dropped. (This is why Llama 3's ``tokenizer.json`` writes ``\\p{N}{1,3}``.)
+    """
+    return regex.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
 
 
 def _fix_surrogates(text: str) -> str:
