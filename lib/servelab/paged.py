@@ -31,7 +31,8 @@ from servelab.prefix_cache import BlockKey, PrefixCache, block_keys
 
 __all__ = [
     "NoFreeBlocksError", "BlockAllocator", "BlockTable", "KVUsage", "KVCacheManager",
-    "blocks_for", "write_kv", "gather_kv", "paged_attention", "reference_attention",
+    "blocks_for", "write_kv", "gather_kv", "PagedAttentionMetadata", "paged_attention",
+    "reference_attention",
 ]
 
 
@@ -342,63 +343,96 @@ def gather_kv(cache, block_ids: Sequence[int], context_len: int):
 
 
 def _attend(q, k, v, mask, scale):
-    """q [B, H, Q, D], k/v [B, KVH, K, D], bool mask broadcastable to [B, H, Q, K]."""
+    """q [B, H, Q, D], k/v [B, KVH, K, D], bool mask broadcastable to [B, H, Q, K].
+
+    Grouped-query attention is left to SDPA (``enable_gqa``): K/V heads are not copied.
+    """
     import torch.nn.functional as F
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
 
 
-def paged_attention(q, k_cache, v_cache, block_tables: Sequence[Sequence[int]],
-                    query_lens: Sequence[int], context_lens: Sequence[int],
-                    scale: float | None = None):
+@dataclass
+class PagedAttentionMetadata:
+    """Index tensors for one step, built once and used by every layer.
+
+    Decode rows (one query token) are attended together: their block tables are
+    padded into one ``[B, max_blocks]`` tensor and a mask hides the padding.
+    Each longer chunk (a prompt, or a piece of one) is attended on its own with
+    a causal mask offset by the context already cached, so a long prompt never
+    pads the decodes.
+    """
+
+    num_rows: int
+    decode_rows: object = None        # LongTensor [B] rows of q
+    decode_tables: object = None      # LongTensor [B, max_blocks]
+    decode_mask: object = None        # BoolTensor [B, 1, 1, max_blocks * block_size]
+    chunks: list = field(default_factory=list)  # (row_start, row_end, slot_index, causal mask)
+
+    @classmethod
+    def build(cls, block_tables: Sequence[Sequence[int]], query_lens: Sequence[int],
+              context_lens: Sequence[int], block_size: int) -> "PagedAttentionMetadata":
+        import torch
+        meta = cls(num_rows=sum(query_lens))
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        decode = [i for i, n in enumerate(query_lens) if n == 1]
+        if decode:
+            nblk = max(blocks_for(context_lens[i], block_size) for i in decode)
+            table = torch.zeros(len(decode), nblk, dtype=torch.long)
+            for row, i in enumerate(decode):
+                ids = block_tables[i][:blocks_for(context_lens[i], block_size)]
+                table[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            ctx = torch.as_tensor([context_lens[i] for i in decode])
+            meta.decode_rows = torch.as_tensor([starts[i] for i in decode])
+            meta.decode_tables = table
+            meta.decode_mask = (torch.arange(nblk * block_size) < ctx[:, None])[:, None, None, :]
+        for i, n in enumerate(query_lens):
+            if n == 1:
+                continue
+            c = context_lens[i]
+            ids = torch.as_tensor(list(block_tables[i][:blocks_for(c, block_size)]), dtype=torch.long)
+            slots = (ids[:, None] * block_size + torch.arange(block_size)).flatten()[:c]
+            mask = torch.arange(c)[None, :] <= torch.arange(c - n, c)[:, None]
+            meta.chunks.append((starts[i], starts[i + 1], slots, mask))
+        return meta
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, query_lens: Sequence[int] | None = None,
+                    context_lens: Sequence[int] | None = None, scale: float | None = None):
     """Causal attention for a ragged batch whose K/V live in paged pools.
 
     ``q`` is [T, heads, head_dim]: the new tokens of every sequence, one after
     another (sequence ``i`` contributes ``query_lens[i]`` rows, the last tokens
     of its ``context_lens[i]``-token context, whose K/V are already written).
-    Decode rows (one query each) are gathered and attended in one padded batch;
-    each prefill chunk is attended on its own, so a long prompt never pads the
-    decodes. Returns [T, heads, head_dim].
+    Pass either ``block_tables, query_lens, context_lens`` or a prebuilt
+    :class:`PagedAttentionMetadata` as ``block_tables``. Returns [T, heads, head_dim].
     """
     import torch
+    if isinstance(block_tables, PagedAttentionMetadata):
+        meta = block_tables
+    else:
+        meta = PagedAttentionMetadata.build(block_tables, query_lens, context_lens, k_cache.shape[1])
     T, H, D = q.shape
+    if meta.num_rows != T:
+        raise ValueError(f"query_lens sum to {meta.num_rows} but q has {T} rows")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     out = torch.empty_like(q)
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    if starts[-1] != T:
-        raise ValueError(f"query_lens sum to {starts[-1]} but q has {T} rows")
-    bs = k_cache.shape[1]
-    decode = [i for i, n in enumerate(query_lens) if n == 1]
-    if decode:
-        ctx = torch.as_tensor([context_lens[i] for i in decode])
-        nblk = max(blocks_for(int(c), bs) for c in ctx)
-        table = torch.zeros(len(decode), nblk, dtype=torch.long)
-        for row, i in enumerate(decode):
-            ids = block_tables[i][:blocks_for(context_lens[i], bs)]
-            table[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        # [B, nblk, bs, KVH, D] -> [B, KVH, nblk*bs, D]
-        k = k_cache[table].flatten(1, 2).transpose(1, 2)
-        v = v_cache[table].flatten(1, 2).transpose(1, 2)
-        mask = torch.arange(nblk * bs) < ctx[:, None]             # [B, K]
-        rows = torch.as_tensor([starts[i] for i in decode])
-        qd = q[rows].unsqueeze(2)                                  # [B, H, 1, D]
-        out[rows] = _attend(qd, k, v, mask[:, None, None, :], scale).squeeze(2)
-    for i, n in enumerate(query_lens):
-        if n == 1:
-            continue
-        c = context_lens[i]
-        k = gather_kv(k_cache, block_tables[i], c).transpose(0, 1)[None]
-        v = gather_kv(v_cache, block_tables[i], c).transpose(0, 1)[None]
-        qp = q[starts[i]:starts[i + 1]].transpose(0, 1)[None]       # [1, H, n, D]
-        q_pos = torch.arange(c - n, c)[:, None]
-        mask = torch.arange(c)[None, :] <= q_pos                   # causal, offset
-        out[starts[i]:starts[i + 1]] = _attend(qp, k, v, mask, scale)[0].transpose(0, 1)
+    if meta.decode_rows is not None:
+        # [B, nblk, bs, KVH, D] -> [B, KVH, nblk * bs, D]
+        k = k_cache[meta.decode_tables].flatten(1, 2).transpose(1, 2)
+        v = v_cache[meta.decode_tables].flatten(1, 2).transpose(1, 2)
+        qd = q[meta.decode_rows].unsqueeze(2)                      # [B, H, 1, D]
+        out[meta.decode_rows] = _attend(qd, k, v, meta.decode_mask, scale).squeeze(2)
+    k_flat = k_cache.flatten(0, 1)
+    v_flat = v_cache.flatten(0, 1)
+    for start, end, slots, mask in meta.chunks:
+        k = k_flat[slots].transpose(0, 1)[None]                    # [1, KVH, c, D]
+        v = v_flat[slots].transpose(0, 1)[None]
+        qp = q[start:end].transpose(0, 1)[None]                    # [1, H, n, D]
+        out[start:end] = _attend(qp, k, v, mask, scale)[0].transpose(0, 1)
     return out
 
 

@@ -1,0 +1,39 @@
+"""servelab.engine: a small continuous-batching inference engine.
+
+One responsibility per file, read in this order:
+
+* ``config.py``       - the knobs (vLLM names).
+* ``sequence.py``     - a request's state, and the outputs it reports.
+* ``scheduler.py``    - who computes which tokens each step: budget, seats,
+  chunked prefill, prefix hits, preemption by recompute.
+* ``model_runner.py`` - one forward pass over a ragged batch with a paged KV pool.
+* ``sampler.py``      - the next token per sequence (greedy, temperature, top-k/p, seeds).
+* ``detokenizer.py``  - ids to text, a token at a time.
+* ``engine.py``       - ``LLMEngine``: add_request / step / abort_request, stop rules, streaming.
+* ``llm.py``          - ``LLM``: offline ``generate`` in vLLM's shape.
+* ``static.py``       - the static-batching baseline, for comparison.
+* ``toy.py``          - a model-free runner for tests and demos.
+"""
+from servelab.engine.config import EngineConfig
+from servelab.engine.engine import LLMEngine, StepStats
+from servelab.engine.llm import LLM, load_tokenizer
+from servelab.engine.model_runner import ModelRunner, StepInput, prepare_step
+from servelab.engine.scheduler import Scheduler, SchedulerOutput, ScheduledSequence
+from servelab.engine.sequence import (CompletionOutput, RequestMetrics, RequestOutput, Sequence,
+                                      SequenceStatus)
+from servelab.engine.static import StaticBatchEngine
+from servelab.engine.toy import ToyRunner, toy_greedy_generate, toy_logits
+
+__all__ = [
+    "EngineConfig", "LLMEngine", "StepStats", "LLM", "load_tokenizer", "ModelRunner", "StepInput",
+    "prepare_step", "Scheduler", "SchedulerOutput", "ScheduledSequence", "CompletionOutput",
+    "RequestMetrics", "RequestOutput", "Sequence", "SequenceStatus", "StaticBatchEngine",
+    "ToyRunner", "toy_greedy_generate", "toy_logits", "SamplingParams",
+]
+
+
+def __getattr__(name):
+    if name == "SamplingParams":  # convenience: the engine's params live in servelab.sampling
+        from servelab.sampling import SamplingParams
+        return SamplingParams
+    raise AttributeError(f"module 'servelab.engine' has no attribute {name!r}")

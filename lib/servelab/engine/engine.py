@@ -1,0 +1,298 @@
+"""LLMEngine: requests in, tokens out, one step at a time.
+
+The loop a server drives::
+
+    engine.add_request("r1", "Hello", SamplingParams(max_tokens=20), callback=print)
+    while engine.has_unfinished_requests():
+        for out in engine.step():   # one forward pass for every running request
+            ...
+
+One ``step()`` = the scheduler plans (who computes which tokens), the model
+runner executes that plan in one batched forward pass, the sampler picks a
+token for every sequence that caught up, and each such sequence is checked
+against its stop conditions. Streaming callbacks get the new text as it becomes
+safe to show.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from servelab.engine.config import EngineConfig
+from servelab.engine.detokenizer import IncrementalDetokenizer
+from servelab.engine.model_runner import prepare_step
+from servelab.engine.sampler import Sampler
+from servelab.engine.scheduler import Scheduler
+from servelab.engine.sequence import CompletionOutput, RequestOutput, Sequence
+
+__all__ = ["LLMEngine", "StepStats"]
+
+
+def _opt(params, name, default=None):
+    value = getattr(params, name, default)
+    return default if value is None else value
+
+
+@dataclass
+class StepStats:
+    """What one step did (kept in ``engine.step_log`` for plots and tests)."""
+
+    num_seqs: int
+    num_batched_tokens: int
+    num_prefill_tokens: int
+    num_decodes: int
+    num_preempted: int
+    num_waiting: int
+    kv_blocks_used: int
+    duration: float
+
+
+class LLMEngine:
+    """The continuous-batching engine over any model runner.
+
+    ``runner`` is a :class:`~servelab.engine.model_runner.ModelRunner` (a real
+    model) or a :class:`~servelab.engine.toy.ToyRunner` (tests, demos).
+    ``tokenizer`` needs ``encode(str)`` and ``decode(ids)``; without one, prompts
+    must be token ids and outputs carry no text.
+    """
+
+    def __init__(self, runner, config: EngineConfig | None = None, tokenizer=None,
+                 eos_token_ids=(), seed: int = 0, keep_step_log: bool = True):
+        self.config = config or EngineConfig()
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.scheduler = Scheduler(self.config)
+        self.sampler = Sampler(seed)
+        self.requests: dict[str, Sequence] = {}
+        self._callbacks: dict[str, Callable[[RequestOutput], object]] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.keep_step_log = keep_step_log
+        self.step_log: list[StepStats] = []
+        self.num_steps = 0
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None, **config) -> "LLMEngine":
+        """Build an engine (paged pool included) around a :class:`servelab.model.LlamaModel`."""
+        from servelab.engine.model_runner import ModelRunner
+        config.setdefault("max_model_len", model.config.max_position_embeddings)
+        cfg = EngineConfig(**config)
+        runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype)
+        eos = model.config.eos_token_ids
+        if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
+            eos = [tokenizer.eot_token]
+        return cls(runner, cfg, tokenizer, eos_token_ids=eos, seed=seed)
+
+    # -- requests -------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], sampling_params=None, *,
+                    arrival_time: float | None = None,
+                    callback: Callable[[RequestOutput], object] | None = None,
+                    cache_salt: str | None = None) -> Sequence:
+        """Queue a request. Raises ``ValueError`` (and queues nothing) if it can never run."""
+        if sampling_params is None:
+            from servelab.sampling import SamplingParams
+            sampling_params = SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use; pick a unique id")
+        text = None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass the prompt as a list of token ids")
+            text, prompt_ids = prompt, list(self.tokenizer.encode(prompt))
+        else:
+            prompt_ids = [int(t) for t in prompt]
+        self._validate(prompt_ids, sampling_params)
+        seed = getattr(sampling_params, "seed", None)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        seq = Sequence(request_id, prompt_ids, sampling_params, self.config.block_size,
+                       prompt=text, arrival_time=arrival_time, max_len=self.config.max_sequence_len,
+                       cache_salt=cache_salt, generator=generator)
+        self.requests[request_id] = seq
+        if callback is not None:
+            self._callbacks[request_id] = callback
+        if self.tokenizer is not None:
+            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(seq)
+        return seq
+
+    def _validate(self, prompt_ids: list[int], sp) -> None:
+        cfg = self.config
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty; send at least one token")
+        vocab = getattr(self.runner, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
+            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if n >= cfg.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens but the model's context is {cfg.max_model_len} "
+                             f"(max_model_len), leaving no room for output; shorten the prompt")
+        if n >= cfg.pool_tokens:
+            raise ValueError(f"the prompt has {n} tokens but the whole KV pool holds only "
+                             f"{cfg.pool_tokens} ({cfg.num_kv_blocks} blocks of {cfg.block_size}); "
+                             f"raise num_kv_blocks or shorten the prompt")
+        if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
+            raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="
+                             f"{cfg.max_num_batched_tokens}, and chunked prefill is off; enable it "
+                             f"or raise the budget")
+        max_tokens = getattr(sp, "max_tokens", 16)
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now (client went away); its blocks are freed at once."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return None
+        self.scheduler.finish(seq, "abort")
+        out = self._output(seq)
+        self._release(seq, out)
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    # -- the step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Plan, run, sample, check stops. Returns an output per request that
+        got a token or finished in this step."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        num_decodes = sum(1 for s in plan.scheduled
+                          if s.num_new_tokens == 1 and s.start >= s.seq.num_prompt_tokens)
+        step = prepare_step(plan)
+        logits = self.runner.execute(step)
+        self.scheduler.commit(plan)
+        sampling = [s.seq for s in plan.scheduled if s.samples]
+        tokens = self.sampler(logits, sampling) if sampling else []
+        now = time.perf_counter()
+        outputs = []
+        for seq, token in zip(sampling, tokens):
+            outputs.append(self._append_token(seq, token, now))
+        self.num_steps += 1
+        if self.keep_step_log:
+            self.step_log.append(StepStats(
+                num_seqs=len(plan.scheduled), num_batched_tokens=plan.num_batched_tokens,
+                num_prefill_tokens=plan.num_batched_tokens - num_decodes, num_decodes=num_decodes,
+                num_preempted=len(plan.preempted), num_waiting=len(self.scheduler.waiting),
+                kv_blocks_used=self.scheduler.kv.allocator.num_used, duration=now - t0))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        m = seq.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)
+        sp = seq.sampling_params
+        reason, stop_reason, hide_token = self._check_stop_token(seq, token)
+        detok = self._detok.get(seq.request_id)
+        if detok is not None and not hide_token:
+            detok.add(token)
+            seq.output_text = detok.text
+            if reason is None:
+                reason, stop_reason = self._check_stop_strings(seq, sp)
+        if reason is None:
+            max_tokens = getattr(sp, "max_tokens", 16)
+            if (max_tokens is not None and seq.num_output_tokens >= max_tokens) \
+                    or seq.num_tokens >= seq.max_len:
+                reason = "length"
+        if reason is not None:
+            if detok is not None and not isinstance(stop_reason, str):
+                detok.flush()  # the end: show any half-decoded character as is
+                seq.output_text = detok.text
+            self.scheduler.finish(seq, reason, stop_reason)
+        out = self._output(seq)
+        if seq.is_finished:
+            self._release(seq, out)
+        else:
+            cb = self._callbacks.get(seq.request_id)
+            if cb is not None:
+                cb(out)
+        return out
+
+    def _check_stop_token(self, seq: Sequence, token: int):
+        sp = seq.sampling_params
+        if seq.num_output_tokens < _opt(sp, "min_tokens", 0):
+            return None, None, False
+        if token in self.eos_token_ids and not _opt(sp, "ignore_eos", False):
+            return "stop", None, True
+        if token in (_opt(sp, "stop_token_ids", ()) or ()):
+            return "stop", token, True
+        return None, None, False
+
+    def _check_stop_strings(self, seq: Sequence, sp):
+        stops = _opt(sp, "stop", None)
+        if not stops or seq.num_output_tokens < _opt(sp, "min_tokens", 0):
+            return None, None
+        if isinstance(stops, str):
+            stops = [stops]
+        text = seq.output_text
+        # A new match cannot start before the text already streamed: we hold back
+        # len(stop) - 1 characters, exactly so that this stays true.
+        begin = seq.emitted_text_len
+        best = None
+        for s in stops:
+            idx = text.find(s, begin)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, s)
+        if best is None:
+            return None, None
+        idx, s = best
+        keep = idx + len(s) if _opt(sp, "include_stop_str_in_output", False) else idx
+        seq.output_text = text[:keep]
+        return "stop", s
+
+    # -- outputs ------------------------------------------------------------------
+    def _holdback(self, seq: Sequence) -> int:
+        """Characters not yet safe to stream: they might be the start of a stop string."""
+        if seq.is_finished:
+            return 0
+        stops = _opt(seq.sampling_params, "stop", None)
+        if not stops:
+            return 0
+        if isinstance(stops, str):
+            stops = [stops]
+        return max(len(s) for s in stops) - 1
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = seq.output_text
+        safe = max(len(text) - self._holdback(seq), seq.emitted_text_len)
+        delta_text = text[seq.emitted_text_len:safe]
+        seq.emitted_text_len = safe
+        out_ids = seq.output_token_ids
+        delta_ids = out_ids[seq.emitted_token_count:]
+        seq.emitted_token_count = len(out_ids)
+        completion = CompletionOutput(0, text[:safe] if not seq.is_finished else text,
+                                      list(out_ids), seq.finish_reason, seq.stop_reason)
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             finished=seq.is_finished, metrics=seq.metrics,
+                             delta_text=delta_text, delta_token_ids=delta_ids)
+
+    def _release(self, seq: Sequence, out: RequestOutput) -> None:
+        cb = self._callbacks.pop(seq.request_id, None)
+        if cb is not None:
+            cb(out)
+        self._detok.pop(seq.request_id, None)
+        self.requests.pop(seq.request_id, None)
+
+    # -- convenience ------------------------------------------------------------
+    def run_to_completion(self) -> dict[str, RequestOutput]:
+        """Step until every queued request is done; final output per request id."""
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return final
+
+    def kv_usage(self):
+        return self.scheduler.kv_usage()
