@@ -1,0 +1,49 @@
+# servelab: two commands do everything on a fresh machine.
+#   make book   set up .venv if needed, then build the HTML book into _build/html
+#   make test   set up .venv (and headless Chromium) if needed, then run every test
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.servelab-installed
+# One BLAS/torch thread each: results repeat on this 2-vCPU VM and tests do not fight.
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+PYTEST_ARGS ?=
+
+.PHONY: setup book test lab browser clean-book lint-notebooks
+
+setup: $(STAMP)
+
+# Rebuilt only when the pins or the package metadata change.
+$(STAMP): requirements.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+# Headless Chromium for the book's browser test (Debian package).
+browser:
+	@command -v chromium >/dev/null || { \
+	  echo "installing chromium (Debian package) for the browser test"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+book: setup
+	$(PY) tools/build_book.py --out _build
+	@echo "Book: file://$(CURDIR)/_build/html/index.html"
+
+test: setup browser
+	$(PY) -m pytest -q tests chapters solutions --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+
+lab: setup
+	$(VENV)/bin/jupyter lab chapters
+
+clean-book:
+	rm -rf _build

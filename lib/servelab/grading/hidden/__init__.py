@@ -1,0 +1,1 @@
+"""Hidden tests of the graded exercises, one module per exercise notebook."""

@@ -1,0 +1,114 @@
+"""The grader: full marks for every solution, zero for every blank, and student
+code that misbehaves costs only its own question."""
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from servelab.grade import format_table, grade_notebook
+from servelab.grading import Case, Question, check, grade_question, load_questions
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_solution_scores_full_marks(path):
+    results = grade_notebook(path)
+    assert results, "no questions graded"
+    failed = [f"{r.question}: {r.reason}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_every_blank_exercise_scores_zero(path):
+    results = grade_notebook(path)
+    assert results and sum(r.points for r in results) == 0, format_table(results)
+
+
+def test_every_question_has_a_level_a_time_box_and_hidden_tests():
+    for path in EXERCISES:
+        for q in load_questions(path.stem):
+            assert q.level in ("easy", "medium", "hard") and q.minutes > 0
+            assert q.hidden or q.test, f"{path.stem}.{q.id} has no hidden tests"
+
+
+def _variant(tmp_path, source: Path, edit) -> Path:
+    nb = nbformat.read(source, as_version=4)
+    edit(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    out = tmp_path / source.name  # the file name selects the hidden tests
+    nbformat.write(nb, out)
+    return out
+
+
+def test_the_classic_mistake_loses_exactly_that_question(tmp_path):
+    def heads_instead_of_kv_heads(nb):
+        for cell in nb.cells:
+            cell.source = cell.source.replace('config.get("num_key_value_heads") or heads', "heads")
+    path = _variant(tmp_path, ROOT / "solutions" / "ex11_seats.ipynb", heads_instead_of_kv_heads)
+    results = {r.question: r for r in grade_notebook(path)}
+    assert not results["q1"].passed and "expected 131072, got 524288" in results["q1"].reason
+    assert results["q2"].passed and results["q3"].passed
+
+
+def test_misbehaving_student_code_never_crashes_the_grader(tmp_path):
+    cells = [
+        nbformat.v4.new_code_cell("def broken(:\n    pass"),                 # syntax error
+        nbformat.v4.new_code_cell("while True:\n    pass"),                 # endless top-level loop
+        nbformat.v4.new_code_cell("def kv_bytes_per_token(config, b):\n    raise ValueError('oops')"),
+        nbformat.v4.new_code_cell("def seats_granted(*args, **kw):\n    while True:\n        pass"),
+        # cards_needed is never defined
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    path = tmp_path / "ex11_seats.ipynb"
+    nbformat.write(nb, path)
+    results = {r.question: r for r in grade_notebook(path, cell_timeout=3)}
+    assert "raised ValueError: oops" in results["q1"].reason
+    assert "timed out after" in results["q2"].reason
+    assert "function not defined" in results["q3"].reason
+    assert sum(r.points for r in results.values()) == 0
+
+
+def test_cli_prints_a_table_and_json(tmp_path, capsys):
+    from servelab.grade import main
+    assert main([str(ROOT / "solutions" / "ex11_seats.ipynb"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (rows,) = report.values()
+    assert [r["passed"] for r in rows] == [True, True, True]
+    assert main([str(tmp_path / "missing.ipynb")]) == 2
+
+
+def test_unknown_exercise_name_is_a_clear_error(tmp_path):
+    path = tmp_path / "ex99_nothing.ipynb"
+    shutil.copy(ROOT / "exercises" / "ex11_seats.ipynb", path)
+    with pytest.raises(ValueError, match="no graded exercise"):
+        grade_notebook(path)
+
+
+def test_grade_question_in_process_rules():
+    q = Question(id="q", title="t", function="f", points=2, level="easy", minutes=1,
+                 visible=[Case(args=(2,), expected=4)], hidden=[Case(args=(-1,), raises=ValueError),
+                                                               Case(args=(0.1,), expected=0.2)])
+    def good(x):
+        if x < 0:
+            raise ValueError
+        return 2 * x
+    assert grade_question(q, good).points == 2
+    assert "expected ValueError" in grade_question(q, lambda x: 2 * x).reason
+    assert grade_question(q, None).reason.startswith("function not defined")
+    assert "not a function" in grade_question(q, 3).reason
+    assert grade_question(q, lambda x: True if x == 2 else 2 * x).passed is False  # True is not 4
+
+
+def test_check_prints_and_never_raises(capsys):
+    assert check("ex11_seats.q1", lambda c, b: 131_072) is True
+    assert check("ex11_seats.q1") is False
+    assert check("ex11_seats.q9", print) is False
+    out = capsys.readouterr().out
+    assert "✅ q1" in out and "function not defined" in out and "no question" in out
