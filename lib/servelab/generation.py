@@ -1,0 +1,126 @@
+"""One request, start to finish: prefill the prompt, then one forward pass per new token.
+
+``servelab.generate`` is the simplest possible serving loop -- a single
+sequence and a contiguous KV cache -- and the reference the engine is checked
+against. Every generated token costs a full pass through the model: a
+1,000-token answer is 1,000 sequential passes (after one pass for the prompt).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from servelab.sampling import SamplingParams, make_generator, sample, top_logprobs, logprobs as log_softmax
+
+__all__ = ["GenerationResult", "generate", "encode_prompt", "decode_tokens"]
+
+
+@dataclass
+class GenerationResult:
+    """What came back: the new tokens, their text, and why generation stopped.
+
+    ``finish_reason`` is ``"stop"`` (end token, stop token or stop string) or
+    ``"length"`` (hit ``max_tokens``), as in the OpenAI API. ``stop_reason`` says
+    which stop fired (the string or token id), ``None`` otherwise. The end
+    token, when produced, is in ``token_ids`` but not in ``text``; a stop string
+    and anything after it are cut from ``text``.
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop_reason: str | int | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    forward_passes: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids for ``text`` with any tokenizer in the course: servelab's BPE (special
+    tokens allowed, so chat templates work), Hugging Face ``tokenizers`` or ``transformers``."""
+    try:
+        out = tokenizer.encode(text, allowed_special="all")
+    except TypeError:
+        out = tokenizer.encode(text)
+    return list(out.ids) if hasattr(out, "ids") else list(out)
+
+
+def decode_tokens(tokenizer, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids))
+
+
+def _eos_ids(model, tokenizer, eos_token_id) -> set[int]:
+    if eos_token_id is not None:
+        return set(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else {eos_token_id}
+    config = getattr(model, "config", None)
+    ids = set(getattr(config, "eos_token_ids", []) or [])
+    if not ids and getattr(tokenizer, "eot_token", None) is not None:
+        ids = {tokenizer.eot_token}
+    return ids
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int | None = None,
+             sampling: SamplingParams | None = None, stop: str | Sequence[str] | None = None,
+             eos_token_id: int | Sequence[int] | None = None,
+             on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+    """Generate a continuation of ``prompt`` (text, or a list of token ids).
+
+    ``sampling`` defaults to greedy (``temperature=0``). ``max_new_tokens`` and
+    ``stop`` override/extend ``sampling.max_tokens`` and ``sampling.stop``.
+    Generation ends at the model's end token (``config.eos_token_id``, or the
+    tokenizer's ``<|endoftext|>``) unless ``sampling.ignore_eos``, at a stop
+    token or string, or after ``max_tokens`` tokens. ``on_token(id, text_so_far)``
+    is called after each token, which is all streaming is.
+    """
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
+    if max_new_tokens is not None or stop:
+        extra = [stop] if isinstance(stop, str) else list(stop or [])
+        params = SamplingParams(**{**params.__dict__,
+                                   "max_tokens": max_new_tokens if max_new_tokens is not None else params.max_tokens,
+                                   "stop": list(params.stop) + extra})
+    prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token (e.g. the <|endoftext|> id)")
+    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _eos_ids(model, tokenizer, eos_token_id))
+    generator = make_generator(params.seed)
+    device = next(model.parameters()).device
+
+    cache = model.new_cache(batch_size=1, max_len=len(prompt_ids) + params.max_tokens)
+    logits = model(torch.tensor([prompt_ids], device=device), cache=cache)[0, -1]   # prefill: one pass
+    passes = 1
+    out: list[int] = []
+    chosen_lp: list[float] | None = [] if params.logprobs is not None else None
+    alts: list | None = [] if params.logprobs else None
+    text, finish, reason = "", "length", None
+    while True:
+        token = int(sample(logits, params, generator))
+        out.append(token)
+        if chosen_lp is not None:
+            chosen_lp.append(float(log_softmax(logits)[token]))
+        if alts is not None:
+            alts.append(top_logprobs(logits, params.logprobs))
+        if token in stop_ids:
+            finish, reason = "stop", token
+            break
+        text = decode_tokens(tokenizer, out)
+        hits = [(text.find(s), s) for s in params.stop if s in text]
+        if hits:
+            cut, reason = min(hits)
+            text, finish = text[:cut], "stop"
+            break
+        if on_token is not None:
+            on_token(token, text)
+        if len(out) >= params.max_tokens:
+            break
+        logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]   # decode: one pass per token
+        passes += 1
+    return GenerationResult(prompt_token_ids=prompt_ids, token_ids=out, text=text, finish_reason=finish,
+                            stop_reason=reason, logprobs=chosen_lp, top_logprobs=alts, forward_passes=passes)

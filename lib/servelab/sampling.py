@@ -1,0 +1,196 @@
+"""From a row of scores to one token: temperature, top-k, top-p, seeded draws, logprobs.
+
+The model's last layer gives one score (logit) per vocabulary entry. Sampling
+turns that row into a token id in four steps, in the order vLLM applies them:
+
+1. **temperature** divides the logits (``T < 1`` sharpens, ``T > 1`` flattens;
+   ``T = 0`` means "take the argmax", i.e. greedy);
+2. **top-k** keeps the ``k`` highest scores;
+3. **top-p** keeps the smallest set of tokens whose probabilities sum to at
+   least ``p`` (the "nucleus");
+4. a draw from the softmax of what is left, with the request's own
+   ``torch.Generator`` so that a fixed ``seed`` gives the same answer every time.
+
+Conventions: ``top_k = 0`` disables top-k (vLLM also accepts ``-1``; here a
+negative value is an error, to keep one spelling); ``top_p = 1.0`` disables
+top-p. Logprobs are reported from the model's raw distribution (log-softmax of
+the unmodified logits), as vLLM does by default, so they do not depend on the
+sampling settings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "SamplingParams",
+    "apply_temperature",
+    "top_k_filter",
+    "top_p_filter",
+    "sampling_probs",
+    "sample",
+    "sample_batch",
+    "make_generator",
+    "logprobs",
+    "top_logprobs",
+]
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop (vLLM's field names).
+
+    ``temperature``: 0 = greedy; must be >= 0.
+    ``top_k``: keep the k best tokens; 0 = off.
+    ``top_p``: nucleus mass in (0, 1]; 1 = off.
+    ``max_tokens``: new tokens at most.
+    ``stop``: strings that end generation (not included in the returned text).
+    ``stop_token_ids``: extra token ids that end generation (the model's end token always does
+    unless ``ignore_eos``).
+    ``seed``: per-request seed; ``None`` draws from torch's global generator.
+    ``logprobs``: how many top alternatives to report per generated token (``None`` = none;
+    0 = only the chosen token's logprob).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.validate()
+
+    def validate(self) -> "SamplingParams":
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 or self.temperature != self.temperature:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+# ------------------------------------------------------------------ the steps
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide by the temperature. ``temperature`` must be > 0 here (0 is handled as greedy)."""
+    if temperature <= 0:
+        raise ValueError(f"apply_temperature needs temperature > 0, got {temperature}; use greedy for 0")
+    return logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set all but the ``k`` largest logits of each row to -inf (``k = 0``: unchanged).
+
+    Ties at the k-th value are all kept, so the result never depends on sort order.
+    """
+    if k < 0:
+        raise ValueError(f"top_k must be >= 0, got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of highest-probability tokens whose mass reaches ``p``.
+
+    Sort descending, take the cumulative probability, and drop a token when the
+    mass *before* it already reaches ``p`` -- so the token that crosses the line
+    is kept and at least one token always survives.
+    """
+    if not 0 < p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a token is actually drawn from under ``params`` (fp32).
+
+    For greedy (``temperature = 0``) this is one-hot on the argmax.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = apply_temperature(logits, params.temperature)
+    logits = top_k_filter(logits, params.top_k)
+    logits = top_p_filter(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    """A private generator for one request (``None`` if unseeded: use torch's global one)."""
+    return None if seed is None else torch.Generator().manual_seed(int(seed))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick a token id from ``logits`` of shape ``[vocab]`` or ``[batch, vocab]``.
+
+    Returns a long tensor of shape ``[]`` or ``[batch]``. Greedy does not touch
+    the generator, so switching temperature does not shift later random draws
+    of other requests.
+    """
+    if params.greedy:
+        return logits.argmax(-1)
+    probs = sampling_probs(logits, params)
+    flat = probs.reshape(-1, probs.shape[-1])
+    picks = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return picks.reshape(probs.shape[:-1])
+
+
+def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
+                 generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row, each row with its own request's settings and generator.
+
+    This is what an engine needs: requests in one batch have different
+    temperatures and seeds, and a seeded request must get the same tokens
+    whoever it shares the batch with.
+    """
+    if not (len(params) == len(generators) == logits.shape[0]):
+        raise ValueError(f"need one SamplingParams and one generator per row: got {len(params)}, "
+                         f"{len(generators)} for {logits.shape[0]} rows")
+    return torch.stack([sample(logits[i], params[i], generators[i]) for i in range(logits.shape[0])])
+
+
+# ------------------------------------------------------------------ logprobs
+
+def logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """log-softmax in fp32: the model's own log-probability of every token."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def top_logprobs(logits: torch.Tensor, n: int) -> list[tuple[int, float]]:
+    """The ``n`` most likely tokens of one ``[vocab]`` row as ``(token_id, logprob)``."""
+    if logits.dim() != 1:
+        raise ValueError(f"top_logprobs takes one row [vocab], got shape {tuple(logits.shape)}")
+    lp = logprobs(logits)
+    values, ids = torch.topk(lp, min(n, lp.shape[-1]))
+    return [(int(i), float(v)) for i, v in zip(ids, values)]
