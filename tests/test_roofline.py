@@ -197,3 +197,72 @@ def test_plot_roofline_returns_axes():
     plt.close(ax.figure)
     with pytest.raises(ValueError):
         rl.plot_roofline(0, 8e12)
+
+
+# -- measuring the machine (tiny sizes; no timing thresholds) ---------------------------------
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_measure_tiny_returns_tidy_rows_and_plots():
+    pytest.importorskip("torch")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    before = torch.get_num_threads()
+    res = rl.measure(model=TINY, batches=(1, 2, 4), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False)
+    assert torch.get_num_threads() == before  # restored
+    assert res.machine["threads"] == 1 and res.machine["torch"]
+    kinds = {(r["kind"], r["dtype"]) for r in res.rows}
+    assert {("bandwidth", "fp32"), ("matmul", "fp32"), ("matmul", "bf16"), ("decode", "fp32"),
+            ("decode", "bf16")} <= kinds
+    for r in res.rows:
+        assert r["seconds"] > 0
+        assert set(r) >= {"kind", "name", "dtype", "batch", "seconds", "bytes", "ops", "GB_per_s", "GFLOP_per_s"}
+    dec = res.decode("fp32")
+    assert [r["batch"] for r in dec] == [1, 2, 4]
+    assert dec[1]["ops"] == 2 * dec[0]["ops"]
+    assert dec[0]["tokens_per_s"] == pytest.approx(1 / dec[0]["seconds"])
+    assert res.model["params"] == res.rows[-1]["params"]
+    assert res.step_ms("bf16", 2) > 0 and res.matvec_bandwidth > 0 and res.peak_ops("fp32") > 0
+    text = res.table()
+    assert "decode step" in text and "matrix-vector" in text
+    ax = res.plot()
+    assert ax.get_xscale() == "log"
+    plt.close(ax.figure)
+    d = res.to_dict()
+    assert d["rows"] == res.rows
+    with pytest.raises(ValueError):
+        res.step_ms("fp32", 3)
+    with pytest.raises(ValueError):
+        res.value("matmul", "matmul", "fp8", "seconds")
+
+
+def test_measure_rejects_bad_input():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError):
+        rl.measure(model="huge", progress=False)
+    with pytest.raises(ValueError):
+        rl.measure(threads=0, progress=False)
+    with pytest.raises(ValueError):
+        rl.measure_matmul(16, dtypes=("fp8",), repeats=1)
+    m = rl.build_sweep_model(TINY, "fp32")
+    with pytest.raises(ValueError):
+        rl.measure_decode(m, batches=(0,), repeats=1)
+
+
+def test_cli_main_tiny(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    real = rl.measure
+    monkeypatch.setattr(rl, "measure", lambda quick, threads: real(
+        model=TINY, batches=(1,), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False, threads=threads))
+    out = tmp_path / "r.json"
+    png = tmp_path / "r.png"
+    assert rl.main(["--json", str(out), "--plot", str(png)]) == 0
+    assert json.loads(out.read_text())["rows"] and png.stat().st_size > 0
+    assert "decode step" in capsys.readouterr().out
