@@ -10,7 +10,6 @@ STAMP := $(VENV)/.servelab-installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 PYTEST_ARGS ?=
 
 .PHONY: setup book test lab browser clean-book lint-notebooks

@@ -179,6 +179,12 @@ class KVReadout:
         """Requests the memory does not grant: they queue, with no error anywhere."""
         return self.requested - self.seats_granted
 
+    def ledger(self) -> list[tuple[str, float]]:
+        """Where the cards' memory goes, in bytes: weights, cache in use, free room, margin."""
+        margin = self.memory_bytes - self.weights_bytes - self.room_bytes
+        return [("weights", self.weights_bytes), ("KV cache in use", self.cache_in_use_bytes),
+                ("free KV room", self.room_bytes - self.cache_in_use_bytes), ("safety margin", margin)]
+
     def summary(self) -> str:
         return (f"{self.tier}: {self.bytes_per_token:,.0f} B/token, room {self.room_bytes / GB:.1f} GB, "
                 f"{self.seats_granted} of {self.requested} seats granted (room for {self.seats_fit}), "
