@@ -820,19 +820,20 @@ def _train_incremental(chunk_counts: Counter, n_merges: int, progress: bool):
     return merges, vocab
 
 
-def train_naive(text: str, vocab_size: int, pattern: str = GPT4_PATTERN, max_merges: int | None = None):
+def train_naive(text: str, vocab_size: int, pattern: str = GPT4_PATTERN, special_tokens: Sequence[str] = (),
+                max_merges: int | None = None):
     """The textbook trainer that recounts every pair after every merge (slow; for comparison and tests).
 
-    Same tie rule and id assignment as :meth:`Tokenizer.train` without special tokens, so the
+    Same tie rule, id assignment and vocabulary accounting as :meth:`Tokenizer.train`, so the
     merges must be identical. Returns the list of merges ``(left_id, right_id)``.
     """
-    chunk_counts, _ = _count_chunks(text, pattern, ())
+    chunk_counts, _ = _count_chunks(text, pattern, special_tokens)
     words = [list(c.encode("utf-8")) for c in chunk_counts]
     freqs = list(chunk_counts.values())
     vocab = [bytes([b]) for b in range(256)]
     id_of = {tok: i for i, tok in enumerate(vocab)}
     merges = []
-    n_merges = vocab_size - 256
+    n_merges = vocab_size - 256 - len(set(special_tokens))
     while len(vocab) - 256 < n_merges and (max_merges is None or len(merges) < max_merges):
         counts: dict = {}
         for w, f in zip(words, freqs):
