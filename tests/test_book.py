@@ -1,0 +1,323 @@
+"""The book builds cleanly and its pages work offline in a real browser.
+
+Two kinds of checks:
+- fast ones (no browser): the committed ``_toc.yml`` and problem-set page are what
+  ``tools/build_book.py`` generates from ``chapters/`` and ``exercises/``;
+- browser ones (``-m browser``): the book is built into a temp folder (warnings are
+  errors, notebooks are not executed), then every page is opened in headless Chromium,
+  driven over the DevTools protocol. A page fails on a JavaScript error or console
+  error, an image that did not load, math that MathJax did not typeset, a widget that
+  did not render, or any request to a URL that is not a local file. A small fixture
+  book with an ipywidgets lab (tests/fixtures/book) is always checked too, so the
+  widget path is covered even before a chapter has a widget.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_book  # noqa: E402
+
+FIXTURE = ROOT / "tests" / "fixtures" / "book" / "widget_fixture.ipynb.json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--remote-allow-origins=*", "--window-size=1280,900",
+]
+
+
+# --- staleness of generated files (no browser) -----------------------------------
+
+def test_committed_toc_matches_the_chapters_present():
+    committed = (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    assert committed == build_book.render_toc(ROOT), (
+        "_toc.yml is stale: run `.venv/bin/python tools/build_book.py --toc-only` and commit it"
+    )
+
+
+def test_committed_problem_set_matches_the_exercises():
+    page = ROOT / build_book.PROBLEM_SET_PAGE
+    assert page.read_text(encoding="utf-8") == build_book.render_problem_set(ROOT), (
+        f"{build_book.PROBLEM_SET_PAGE} is stale: run `.venv/bin/python tools/build_book.py --toc-only`"
+    )
+
+
+def test_toc_puts_chapters_in_their_parts(tmp_path):
+    (tmp_path / "chapters").mkdir()
+    for name in ["ch00_intro", "ch02_tokens", "ch11_seats", "ch13_pages", "ch24_cost"]:
+        (tmp_path / "chapters" / f"{name}.ipynb").write_text("{}")
+    toc = build_book.render_toc(tmp_path)
+    assert "root: chapters/ch00_intro" in toc
+    assert toc.index("I. A request's life") < toc.index("ch02_tokens") < toc.index("IV. Memory")
+    assert toc.index("IV. Memory") < toc.index("ch11_seats") < toc.index("ch13_pages")
+    assert "II. Inside the model" not in toc  # empty parts are left out
+    assert toc.index("VII. Cheaper steps") < toc.index("ch24_cost")
+
+
+def test_toc_rejects_a_chapter_outside_the_map(tmp_path):
+    (tmp_path / "chapters").mkdir()
+    (tmp_path / "chapters" / "ch00_intro.ipynb").write_text("{}")
+    (tmp_path / "chapters" / "ch31_extra.ipynb").write_text("{}")
+    with pytest.raises(ValueError, match="not in COURSE.md's map"):
+        build_book.render_toc(tmp_path)
+
+
+def test_problem_set_reads_level_and_time_box(tmp_path):
+    (tmp_path / "exercises").mkdir()
+    cell = {"cell_type": "markdown", "metadata": {}, "source": [
+        "## Q1 · Bytes per token\n", "**Level:** easy · **Time box:** 5 min · **Points:** 3\n\nText."]}
+    title = {"cell_type": "markdown", "metadata": {}, "source": ["# Exercise 11 · Seats"]}
+    (tmp_path / "exercises" / "ex11_seats.ipynb").write_text(json.dumps({"cells": [title, cell]}))
+    page = build_book.render_problem_set(tmp_path)
+    assert "## Exercise 11 · Seats" in page
+    assert "| Q1 · Bytes per token | easy | 5 min | 3 |" in page
+
+
+# --- building ------------------------------------------------------------------------
+
+def _build(source: Path, out: Path) -> Path:
+    toc = out / "_toc.yml"
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_book.py"), "--source", str(source),
+         "--out", str(out), "--toc", str(toc), "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"book build failed (warnings are errors):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return out / "html"
+
+
+def _toc_docnames(toc_text: str) -> list[str]:
+    names = []
+    for line in toc_text.splitlines():
+        line = line.strip()
+        for key in ("root:", "- file:"):
+            if line.startswith(key):
+                names.append(line[len(key):].strip())
+    return names
+
+
+def _has_widget_state(path: Path) -> bool:
+    if path.suffix != ".ipynb":
+        return False
+    metadata = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+    return bool(metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state"))
+
+
+@pytest.fixture(scope="module")
+def real_book(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    html = _build(ROOT, out)
+    docnames = _toc_docnames((out / "_toc.yml").read_text(encoding="utf-8"))
+    pages = []
+    for doc in docnames:
+        source = next((ROOT / f"{doc}{s}" for s in (".ipynb", ".md") if (ROOT / f"{doc}{s}").is_file()), None)
+        pages.append((html / f"{doc}.html", source is not None and _has_widget_state(source)))
+    return pages
+
+
+@pytest.fixture(scope="module")
+def widget_book(tmp_path_factory):
+    src = tmp_path_factory.mktemp("fixture_src")
+    shutil.copy(ROOT / "_config.yml", src / "_config.yml")
+    shutil.copytree(ROOT / "book" / "static", src / "book" / "static")
+    shutil.copytree(ROOT / "book" / "_ext", src / "book" / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "chapters").mkdir()
+    shutil.copy(FIXTURE, src / "chapters" / "ch00_intro.ipynb")
+    html = _build(src, tmp_path_factory.mktemp("fixture_out"))
+    return html / "chapters" / "ch00_intro.html"
+
+
+# --- a small DevTools-protocol driver --------------------------------------------------
+
+def _find_chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class Browser:
+    """Headless Chromium with one tab, driven over the DevTools protocol (websocket)."""
+
+    def __init__(self, executable: str, profile: Path):
+        import websocket  # websocket-client, installed with Jupyter
+
+        self.proc = subprocess.Popen(
+            [executable, *CHROMIUM_FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.is_file() and len(port_file.read_text().split()) >= 2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port")
+            time.sleep(0.05)
+        port, path = port_file.read_text().split()[:2]
+        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=30, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict] = []
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.send(f"{domain}.enable", session=True)
+
+    def send(self, method: str, params: dict | None = None, session: bool = False, timeout: float = 30) -> dict:
+        self.next_id += 1
+        message = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = self.session
+        self.ws.send(json.dumps(message))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = json.loads(self.ws.recv())
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+        raise TimeoutError(method)
+
+    def evaluate(self, expression: str):
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True)
+        return result.get("result", {}).get("value")
+
+    def open(self, url: str, ready_js: str, timeout: float = 15) -> None:
+        """Navigate, wait for the load event, then until ``ready_js`` is true (or timeout)."""
+        self.events.clear()
+        self.send("Page.navigate", {"url": url}, session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            self.evaluate("1")  # pumps events while we wait
+            time.sleep(0.05)
+        while time.monotonic() < deadline and not self.evaluate(ready_js):
+            time.sleep(0.1)
+        time.sleep(0.2)  # let late console messages and requests arrive
+        self.evaluate("1")
+
+    def problems(self) -> list[str]:
+        found, urls = [], {}
+        for event in self.events:
+            if event.get("sessionId") != self.session:
+                continue
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                found.append("JS exception: " + details.get("exception", {}).get("description", details.get("text", "")))
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                text = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+                found.append(f"console.{params['type']}: {text}")
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                entry = params["entry"]
+                found.append(f"browser error: {entry.get('text')} {entry.get('url', '')}".strip())
+            elif method == "Network.requestWillBeSent":
+                url = params["request"]["url"]
+                urls[params["requestId"]] = url
+                if not url.startswith(LOCAL_SCHEMES):
+                    found.append(f"network request: {url}")
+            elif method == "Network.loadingFailed" and not params.get("canceled"):
+                found.append(f"failed to load {urls.get(params['requestId'], '?')}: {params.get('errorText')}")
+        return found
+
+    def close(self):
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    executable = _find_chromium()
+    if executable is None:
+        pytest.skip("chromium is not installed (make test installs it: `make browser`)")
+    b = Browser(executable, tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+# Ready when images have loaded, math is typeset and every widget view has rendered.
+READY_JS = """(() => {
+  const imgs = [...document.images].every(i => i.complete);
+  const math = [...document.querySelectorAll('.math')].every(m => m.querySelector('mjx-container'));
+  const views = [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
+  const widgets = views.every(v => v.parentElement.querySelector('.jupyter-widgets'));
+  return imgs && math && widgets;
+})()"""
+
+PAGE_STATE_JS = """(() => ({
+  brokenImages: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+  untypesetMath: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length,
+  widgetViews: document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length,
+  renderedViews: [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')]
+      .filter(v => v.parentElement.querySelector('.jupyter-widgets')).length,
+  widgetElements: document.querySelectorAll('.jupyter-widgets').length,
+  sliders: document.querySelectorAll('.widget-slider').length,
+  title: document.title,
+}))()"""
+
+
+def _check_page(browser: Browser, page: Path, expect_widgets: bool) -> dict:
+    assert page.is_file(), f"{page} was not built"
+    browser.open(page.as_uri(), READY_JS)
+    state = browser.evaluate(PAGE_STATE_JS)
+    problems = browser.problems()
+    if state["brokenImages"]:
+        problems.append(f"images did not load: {state['brokenImages']}")
+    if state["untypesetMath"]:
+        problems.append(f"{state['untypesetMath']} math elements not typeset by MathJax")
+    if state["renderedViews"] < state["widgetViews"]:
+        problems.append(f"only {state['renderedViews']} of {state['widgetViews']} widget views rendered")
+    if expect_widgets and not state["widgetElements"]:
+        problems.append("notebook has embedded widget state but the page shows no rendered widget")
+    assert not problems, f"{page.name}:\n  " + "\n  ".join(problems)
+    return state
+
+
+@pytest.mark.browser
+def test_fixture_widgets_math_and_images_render_offline(widget_book, browser):
+    state = _check_page(browser, widget_book, expect_widgets=True)
+    assert state["sliders"] >= 1 and state["renderedViews"] == state["widgetViews"] >= 1, state
+
+
+@pytest.mark.browser
+def test_every_book_page_works_offline(real_book, browser):
+    failures = []
+    for page, has_widgets in real_book:
+        try:
+            _check_page(browser, page, expect_widgets=has_widgets)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.browser
+def test_built_pages_reference_no_remote_scripts_or_styles(real_book):
+    # Belt and braces beside the browser check: no <script src>, <link href> or <img src>
+    # in the HTML points off the machine (anchors to papers are fine: they are not fetched).
+    import re
+
+    pattern = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=\"((?:https?:)?//[^\"]+)\"", re.I)
+    offenders = {}
+    for page, _ in real_book:
+        found = pattern.findall(page.read_text(encoding="utf-8"))
+        if found:
+            offenders[page.name] = found
+    assert not offenders, offenders
