@@ -198,10 +198,6 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def _pre_split(text: str, compiled) -> list[str]:
-    return compiled.findall(text)
-
-
 def _special_split_regex(specials: Iterable[str]):
     # Longest first, so that a special token that is a prefix of another never wins by accident.
     ordered = sorted(specials, key=lambda s: (-len(s), s))
