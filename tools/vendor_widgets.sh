@@ -12,6 +12,8 @@
 #   widgets/*.woff2           the Font Awesome faces its CSS points at (Chrome uses woff2)
 #   mathjax/tex-chtml.js      MathJax 3 TeX -> CommonHTML bundle
 #   mathjax/output/chtml/fonts/woff-v2/*   its fonts (loaded relative to the script)
+#   mathjax/input/tex/extensions/*.js      TeX packages MathJax autoloads on first use
+#                                          (\boldsymbol, \cancel, \color, ...)
 # The folder is deliberately not called `_static`: Jupyter Book would then inject
 # every .js/.css inside it into every page.
 set -euo pipefail
@@ -43,11 +45,14 @@ cp "$HM"/*.woff2 "$DEST/widgets/"
 MJ=node_modules/mathjax/es5
 cp "$MJ/tex-chtml.js" "$DEST/mathjax/tex-chtml.js"
 cp -r "$MJ/output/chtml/fonts/woff-v2" "$DEST/mathjax/output/chtml/fonts/woff-v2"
+mkdir -p "$DEST/mathjax/input/tex/extensions"
+cp "$MJ"/input/tex/extensions/*.js "$DEST/mathjax/input/tex/extensions/"
+rm "$DEST/mathjax/input/tex/extensions/all-packages.js"  # a bundle of all of them; never autoloaded
 
 cat > "$DEST/VERSIONS.txt" <<TXT
 Vendored by tools/vendor_widgets.sh; do not edit by hand.
 @jupyter-widgets/html-manager $HTML_MANAGER_VERSION (BSD-3-Clause): widgets/embed-amd.js, widgets/*.woff2 (Font Awesome, SIL OFL 1.1)
 requirejs $REQUIREJS_VERSION (MIT): widgets/require.js
-mathjax $MATHJAX_VERSION (Apache-2.0): mathjax/tex-chtml.js, mathjax/output/chtml/fonts/woff-v2/
+mathjax $MATHJAX_VERSION (Apache-2.0): mathjax/tex-chtml.js, mathjax/output/chtml/fonts/woff-v2/, mathjax/input/tex/extensions/
 TXT
 du -sh "$DEST"
