@@ -12,7 +12,7 @@ def plot_memory_ledger(readout: KVReadout, ax=None):
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 1.9))
+        _, ax = plt.subplots(figsize=(8, 2.3))
     left = 0.0
     for label, size in readout.ledger():
         gb = size / 1e9
@@ -24,6 +24,6 @@ def plot_memory_ledger(readout: KVReadout, ax=None):
     ax.set_xlabel(f"GB on {readout.num_chips} card{'s' * (readout.num_chips > 1)}")
     ax.set_title(f"{readout.tier}: {readout.seats_granted} of {readout.requested} seats granted "
                  f"at {readout.seq_len:,} tokens ({readout.cache_dtype} cache)", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=4, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.75), ncol=4, fontsize=8, frameon=False)
     ax.figure.tight_layout()
     return ax

@@ -56,7 +56,7 @@ def kv_calculator_lab(tier: str = "small", cache_dtype: str = "bf16", seq_len: i
         tiles.value = readout_html(r)
         with chart:
             chart.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(8, 1.9))
+            fig, ax = plt.subplots(figsize=(8, 2.3))
             plot_memory_ledger(r, ax)
             display(fig)
             plt.close(fig)
