@@ -123,6 +123,8 @@ def real_book(tmp_path_factory):
     for doc in docnames:
         source = next((ROOT / f"{doc}{s}" for s in (".ipynb", ".md") if (ROOT / f"{doc}{s}").is_file()), None)
         pages.append((html / f"{doc}.html", source is not None and _has_widget_state(source)))
+    # Sphinx's own pages: the search page loads the index and runs a query from disk.
+    pages += [(html / "search.html", False), (html / "genindex.html", False)]
     return pages
 
 
@@ -259,7 +261,9 @@ READY_JS = """(() => {
   const math = [...document.querySelectorAll('.math')].every(m => m.querySelector('mjx-container'));
   const views = [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
   const widgets = views.every(v => v.parentElement.querySelector('.jupyter-widgets'));
-  return imgs && math && widgets;
+  const search = !document.getElementById('search-results')
+      || /Search finished/.test(document.getElementById('search-results').innerText);
+  return imgs && math && widgets && search;
 })()"""
 
 PAGE_STATE_JS = """(() => ({
@@ -270,13 +274,14 @@ PAGE_STATE_JS = """(() => ({
       .filter(v => v.parentElement.querySelector('.jupyter-widgets')).length,
   widgetElements: document.querySelectorAll('.jupyter-widgets').length,
   sliders: document.querySelectorAll('.widget-slider').length,
+  searchHits: document.querySelectorAll('#search-results li').length,
   title: document.title,
 }))()"""
 
 
 def _check_page(browser: Browser, page: Path, expect_widgets: bool) -> dict:
     assert page.is_file(), f"{page} was not built"
-    browser.open(page.as_uri(), READY_JS)
+    browser.open(page.as_uri() + ("?q=cache" if page.name == "search.html" else ""), READY_JS)
     state = browser.evaluate(PAGE_STATE_JS)
     problems = browser.problems()
     if state["brokenImages"]:
@@ -285,6 +290,8 @@ def _check_page(browser: Browser, page: Path, expect_widgets: bool) -> dict:
         problems.append(f"{state['untypesetMath']} math elements not typeset by MathJax")
     if state["renderedViews"] < state["widgetViews"]:
         problems.append(f"only {state['renderedViews']} of {state['widgetViews']} widget views rendered")
+    if page.name == "search.html" and not state["searchHits"]:
+        problems.append("searching the book for 'cache' found nothing")
     if expect_widgets and not state["widgetElements"]:
         problems.append("notebook has embedded widget state but the page shows no rendered widget")
     assert not problems, f"{page.name}:\n  " + "\n  ".join(problems)
