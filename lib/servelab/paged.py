@@ -356,38 +356,49 @@ def _attend(q, k, v, mask, scale):
 class PagedAttentionMetadata:
     """Index tensors for one step, built once and used by every layer.
 
-    Decode rows (one query token) are attended together: their block tables are
-    padded into one ``[B, max_blocks]`` tensor and a mask hides the padding.
-    Each longer chunk (a prompt, or a piece of one) is attended on its own with
-    a causal mask offset by the context already cached, so a long prompt never
-    pads the decodes.
+    Decode rows (one query token each) are attended in batches: their block
+    tables are padded to a common length and a mask hides the padding. Rows are
+    sorted by context length and cut into groups whose padding stays small
+    (``max_padding``), so one 1,000-token conversation does not make thirty
+    short ones gather 1,000 slots each. Each longer chunk (a prompt, or a piece
+    of one) is attended on its own with a causal mask offset by the context
+    already cached.
     """
 
     num_rows: int
-    decode_rows: object = None        # LongTensor [B] rows of q
-    decode_tables: object = None      # LongTensor [B, max_blocks]
-    decode_mask: object = None        # BoolTensor [B, 1, 1, max_blocks * block_size]
-    chunks: list = field(default_factory=list)  # (row_start, row_end, slot_index, causal mask)
+    decode_groups: list = field(default_factory=list)  # (rows [B], tables [B, nblk], mask [B,1,1,K])
+    chunks: list = field(default_factory=list)         # (row_start, row_end, slots [c], mask [n, c])
 
     @classmethod
     def build(cls, block_tables: Sequence[Sequence[int]], query_lens: Sequence[int],
-              context_lens: Sequence[int], block_size: int) -> "PagedAttentionMetadata":
+              context_lens: Sequence[int], block_size: int,
+              max_padding: float = 0.25) -> "PagedAttentionMetadata":
         import torch
         meta = cls(num_rows=sum(query_lens))
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        decode = [i for i, n in enumerate(query_lens) if n == 1]
-        if decode:
-            nblk = max(blocks_for(context_lens[i], block_size) for i in decode)
-            table = torch.zeros(len(decode), nblk, dtype=torch.long)
-            for row, i in enumerate(decode):
+        decode = sorted((i for i, n in enumerate(query_lens) if n == 1), key=lambda i: context_lens[i])
+        groups: list[list[int]] = []
+        real = 0
+        for i in decode:
+            nb = blocks_for(context_lens[i], block_size)
+            if groups and (len(groups[-1]) + 1) * nb > (1 + max_padding) * (real + nb):
+                groups.append([])
+                real = 0
+            if not groups:
+                groups.append([])
+            groups[-1].append(i)
+            real += nb
+        for group in groups:
+            nblk = blocks_for(context_lens[group[-1]], block_size)  # sorted: the last is longest
+            table = torch.zeros(len(group), nblk, dtype=torch.long)
+            for row, i in enumerate(group):
                 ids = block_tables[i][:blocks_for(context_lens[i], block_size)]
                 table[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            ctx = torch.as_tensor([context_lens[i] for i in decode])
-            meta.decode_rows = torch.as_tensor([starts[i] for i in decode])
-            meta.decode_tables = table
-            meta.decode_mask = (torch.arange(nblk * block_size) < ctx[:, None])[:, None, None, :]
+            ctx = torch.as_tensor([context_lens[i] for i in group])
+            mask = (torch.arange(nblk * block_size) < ctx[:, None])[:, None, None, :]
+            meta.decode_groups.append((torch.as_tensor([starts[i] for i in group]), table, mask))
         for i, n in enumerate(query_lens):
             if n == 1:
                 continue
@@ -420,12 +431,13 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_lens: Sequence[int]
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     out = torch.empty_like(q)
-    if meta.decode_rows is not None:
-        # [B, nblk, bs, KVH, D] -> [B, KVH, nblk * bs, D]
-        k = k_cache[meta.decode_tables].flatten(1, 2).transpose(1, 2)
-        v = v_cache[meta.decode_tables].flatten(1, 2).transpose(1, 2)
-        qd = q[meta.decode_rows].unsqueeze(2)                      # [B, H, 1, D]
-        out[meta.decode_rows] = _attend(qd, k, v, meta.decode_mask, scale).squeeze(2)
+    for rows, table, mask in meta.decode_groups:
+        # gather whole blocks: [B, nblk, bs, KVH, D] -> [B, KVH, nblk * bs, D]
+        shape = (len(rows), -1) + tuple(k_cache.shape[2:])
+        k = k_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)
+        v = v_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)
+        qd = q[rows].unsqueeze(2)                                  # [B, H, 1, D]
+        out[rows] = _attend(qd, k, v, mask, scale).squeeze(2)
     k_flat = k_cache.flatten(0, 1)
     v_flat = v_cache.flatten(0, 1)
     for start, end, slots, mask in meta.chunks:
