@@ -13,7 +13,7 @@ _SUBMODULES = {
     "specs", "arith", "kvcache", "roofline", "cost", "pool", "bpe", "model",
     "attention", "sampling", "paged", "prefix_cache", "engine", "server",
     "speculative", "quant", "parallel", "moe", "sim", "fleet", "widgets",
-    "grading", "generation", "train",
+    "grading", "generation", "train", "machine", "corpus",
 }
 
 # Names re-exported at the top level, loaded lazily: name -> (module, attribute).
