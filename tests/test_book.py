@@ -154,7 +154,7 @@ class Browser:
     """Headless Chromium with one tab, driven over the DevTools protocol (websocket)."""
 
     def __init__(self, executable: str, profile: Path):
-        import websocket  # websocket-client, installed with Jupyter
+        import websocket  # websocket-client (a dependency of jupyter_server)
 
         self.proc = subprocess.Popen(
             [executable, *CHROMIUM_FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
@@ -168,13 +168,18 @@ class Browser:
                 raise RuntimeError("chromium did not open its DevTools port")
             time.sleep(0.05)
         port, path = port_file.read_text().split()[:2]
-        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=30, suppress_origin=True)
+        self.ws = None
         self.next_id = 0
         self.events: list[dict] = []
-        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.send(f"{domain}.enable", session=True)
+        try:
+            self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=30, suppress_origin=True)
+            target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.send(f"{domain}.enable", session=True)
+        except Exception:
+            self.close()
+            raise
 
     def send(self, method: str, params: dict | None = None, session: bool = False, timeout: float = 30) -> dict:
         self.next_id += 1
@@ -234,10 +239,11 @@ class Browser:
         return found
 
     def close(self):
-        try:
-            self.ws.close()
-        except Exception:
-            pass
+        if self.__dict__.get("ws") is not None:
+            try:
+                self.ws.close()
+            except Exception:
+                pass
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
