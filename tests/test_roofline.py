@@ -266,3 +266,16 @@ def test_cli_main_tiny(monkeypatch, tmp_path, capsys):
     assert rl.main(["--json", str(out), "--plot", str(png)]) == 0
     assert json.loads(out.read_text())["rows"] and png.stat().st_size > 0
     assert "decode step" in capsys.readouterr().out
+
+
+def test_roofline_labs_build():
+    pytest.importorskip("ipywidgets")
+    from servelab.widgets import roofline_labs as labs
+
+    html = labs.step_readout_html(R, 128, 8000)
+    assert "11.6 ms" in html and "memory" in html
+    assert "wait in the queue" in labs.step_readout_html(R, 1000, 1_000_000)
+    assert labs.step_time_lab().children
+    from servelab import cost
+    assert "$" in labs.cost_readout_html(cost.chat_cost())
+    assert labs.chat_cost_lab().children
