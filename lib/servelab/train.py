@@ -49,15 +49,15 @@ class TrainPreset:
     num_attention_heads: int
     num_key_value_heads: int
     seq_len: int = 256
-    batch_size: int = 16
-    steps: int = 1500
+    batch_size: int = 8
+    steps: int = 700
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 100
-    eval_batches: int = 8
+    eval_batches: int = 4
     seed: int = 0
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
@@ -70,10 +70,10 @@ class TrainPreset:
 PRESETS = {
     # d=256, 6 layers, GQA 8 query heads / 4 KV heads of 32 dims: ~5.8M parameters.
     "main": TrainPreset("servelab-main", hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                        num_attention_heads=8, num_key_value_heads=4, steps=800),
+                        num_attention_heads=8, num_key_value_heads=4),
     # d=128, 4 layers, 4 query heads / 2 KV heads: ~1.2M parameters, same tokenizer.
     "draft": TrainPreset("servelab-draft", hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, steps=1200, lr=4e-3),
+                         num_attention_heads=4, num_key_value_heads=2, lr=4e-3),
 }
 
 
@@ -191,8 +191,9 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=print) -> dict:
+def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=None) -> dict:
     """Run one preset end to end and write the checkpoint folder; returns the summary."""
+    log = log or (lambda msg: print(msg, flush=True))
     from servelab.bpe import load_course_tokenizer
 
     torch.set_num_threads(threads)
@@ -214,7 +215,7 @@ def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=pr
                              {"params": no_decay, "weight_decay": 0.0}], lr=preset.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(preset.seed)
     rows: list[dict] = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for step in range(preset.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, preset)
@@ -233,6 +234,7 @@ def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=pr
                 f"lr {row['lr']:.2e}  {row['elapsed_s']:.0f} s")
         rows.append(row)
     train_seconds = time.perf_counter() - start
+    train_cpu_seconds = time.process_time() - cpu_start
 
     model.eval()
     save_pretrained(model.to(torch.bfloat16), out)
@@ -243,7 +245,8 @@ def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=pr
         "preset": asdict(preset), "parameters": n_params, "train_tokens_seen": preset.steps * preset.tokens_per_step,
         "corpus_train_tokens": len(train_tokens), "corpus_val_tokens": len(val_tokens),
         "final_val_loss": round(val_loss, 4), "final_val_perplexity": round(math.exp(val_loss), 2),
-        "train_seconds": round(train_seconds, 1), "tokens_per_second": round(preset.steps * preset.tokens_per_step
+        "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu_seconds, 1),
+        "tokens_per_second": round(preset.steps * preset.tokens_per_step
                                                                              / train_seconds),
         "machine": _machine(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "command": f"python -m servelab.train --preset {preset.name.removeprefix('servelab-')}",
