@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from servelab import kvcache
 from servelab.kvcache import KVReadout
+from servelab.widgets.common import tiles_html
 
 
 def readout_html(r: KVReadout) -> str:
@@ -15,16 +16,11 @@ def readout_html(r: KVReadout) -> str:
         ("longest sequence the room holds", f"{r.max_sequence_tokens / 1e3:,.0f}k tokens"),
         ("one sequence outweighs the model at", f"{r.outweigh_tokens / 1e3:,.0f}k tokens"),
     ]
-    cells = "".join(
-        f"<div style='border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:150px'>"
-        f"<div style='font-size:11px;color:#555'>{label}</div>"
-        f"<div style='font-size:18px;font-weight:600'>{value}</div></div>" for label, value in tiles)
     verdict = (f"Memory grants all {r.requested} requested seats: {r.cache_in_use_bytes / 1e9:.1f} GB of cache "
                f"against {r.room_bytes / 1e9:.1f} GB of room." if r.waiting == 0 else
                f"Memory grants only {r.seats_granted} of {r.requested} seats; {r.waiting} wait in the queue, "
                f"with no error anywhere.")
-    return (f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{cells}</div>"
-            f"<p style='margin-top:8px'>{verdict}</p>")
+    return tiles_html(tiles) + f"<p style='margin-top:8px'>{verdict}</p>"
 
 
 def kv_calculator_lab(tier: str = "small", cache_dtype: str = "bf16", seq_len: int = 4000,
