@@ -1,0 +1,85 @@
+"""Exercise 9 · Batching and step time: prefill, first token, the step model. Hidden tests.
+
+Expected values come from :mod:`servelab.arith` and :mod:`servelab.roofline`.
+"""
+from servelab import arith, roofline as rl
+from servelab.grading import Case, Question
+from servelab.specs import Chip
+
+
+def _chip(peak):
+    return Chip(name="test", memory_bytes=1e11, hbm_bandwidth=1e12, flops={"fp8": peak})
+
+
+def _prefill(params, tokens, peak, chips, eff, cached=0):
+    if cached == tokens:
+        return 0.0
+    return arith.prefill_seconds(arith.prefill_ops(params, tokens, cached_tokens=cached), _chip(peak), chips, eff)
+
+
+Q1 = Question(
+    id="q1", title="Prefill time", function="prefill_seconds", points=2, level="easy", minutes=6,
+    visible=[Case(args=(200e9, 3000, 4.5e15, 8, 0.5), expected=_prefill(200e9, 3000, 4.5e15, 8, 0.5), rel=1e-9,
+                  label="200B, 3,000 tokens, 8 chips of 4.5 PFLOPS at 50%")],
+    hidden=[
+        Case(args=(70e9, 8000, 989.4e12, 2, 0.4), expected=_prefill(70e9, 8000, 989.4e12, 2, 0.4), rel=1e-9),
+        Case(args=(200e9, 3000, 4.5e15, 8, 0.5), kwargs={"cached_tokens": 2000},
+             expected=_prefill(200e9, 3000, 4.5e15, 8, 0.5, 2000), rel=1e-9, label="2,000 of 3,000 cached"),
+        Case(args=(200e9, 3000, 4.5e15, 8, 0.5), kwargs={"cached_tokens": 3000}, expected=0.0,
+             label="fully cached prompt"),
+        Case(args=(8e9, 1, 989.4e12, 1, 1.0), expected=_prefill(8e9, 1, 989.4e12, 1, 1.0), rel=1e-9),
+        Case(args=(200e9, 3000, 4.5e15, 8, 0.5), kwargs={"cached_tokens": 4000}, raises=ValueError,
+             label="more cached than sent"),
+        Case(args=(200e9, 0, 4.5e15, 8, 0.5), raises=ValueError, label="empty prompt"),
+        Case(args=(200e9, 3000, 4.5e15, 8, 0), raises=ValueError, label="efficiency 0"),
+        Case(args=(200e9, 3000, 4.5e15, 0, 0.5), raises=ValueError, label="zero chips"),
+    ],
+)
+
+
+def _step(w, b, l, k, bw, eff=0.6, over=0.002):
+    return rl.decode_step_seconds(w, k, b, l, bw, eff, over)
+
+
+Q2 = Question(
+    id="q2", title="The decode step", function="decode_step_seconds", points=3, level="medium", minutes=8,
+    visible=[Case(args=(200e9, 128, 8000, 163_840, 64e12), expected=_step(200e9, 128, 8000, 163_840, 64e12),
+                  rel=1e-9, label="the seed example: 128 people at 8,000 tokens")],
+    hidden=[
+        Case(args=(200e9, 1, 0, 163_840, 64e12), expected=_step(200e9, 1, 0, 163_840, 64e12), rel=1e-9,
+             label="one person, empty cache"),
+        Case(args=(140e9, 16, 4000, 327_680, 6.7e12), kwargs={"efficiency": 0.7, "overhead_s": 0.001},
+             expected=_step(140e9, 16, 4000, 327_680, 6.7e12, 0.7, 0.001), rel=1e-9),
+        Case(args=(200e9, 128, 128_000, 163_840, 64e12), kwargs={"overhead_s": 0.0},
+             expected=_step(200e9, 128, 128_000, 163_840, 64e12, 0.6, 0.0), rel=1e-9, label="no overhead"),
+        Case(args=(200e9, 0, 8000, 163_840, 64e12), raises=ValueError, label="zero people"),
+        Case(args=(200e9, 128, -1, 163_840, 64e12), raises=ValueError, label="negative length"),
+        Case(args=(200e9, 128, 8000, 163_840, 64e12), kwargs={"efficiency": 1.5}, raises=ValueError),
+    ],
+)
+
+
+def _ttft(params, tokens, cached, peak, chips, eff, step, queue=0.0):
+    return queue + _prefill(params, tokens, peak, chips, eff, cached) + step
+
+
+Q3 = Question(
+    id="q3", title="Time to first token", function="time_to_first_token", points=3, level="medium", minutes=8,
+    visible=[Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116),
+                  expected=_ttft(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), rel=1e-9,
+                  label="3,000 fresh tokens, then one 11.6 ms step")],
+    hidden=[
+        Case(args=(200e9, 3000, 2400, 4.5e15, 8, 0.5, 0.0116), kwargs={"queue_seconds": 0.05},
+             expected=_ttft(200e9, 3000, 2400, 4.5e15, 8, 0.5, 0.0116, 0.05), rel=1e-9,
+             label="80% cached, 50 ms in the queue"),
+        Case(args=(8e9, 1200, 360, 989.4e12, 1, 0.4, 0.008),
+             expected=_ttft(8e9, 1200, 360, 989.4e12, 1, 0.4, 0.008), rel=1e-9),
+        Case(args=(200e9, 3000, 3000, 4.5e15, 8, 0.5, 0.0116), expected=0.0116, rel=1e-9,
+             label="fully cached: one step"),
+        Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, -0.01), raises=ValueError, label="negative step"),
+        Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), kwargs={"queue_seconds": -1}, raises=ValueError,
+             label="negative queue time"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3]
