@@ -2,9 +2,10 @@
  * Loaded after require.js and before embed-amd.js (see nb_ipywidgets_js in _config.yml).
  * Written by hand; the vendored files it serves sit in vendor/widgets/ beside it.
  *
- * 1. Fonts. embed-amd.js computes where its Font Awesome files live from its AMD module
- *    name, "@jupyter-widgets/html-manager/dist/...", resolved against the page's folder:
- *    right on a CDN, wrong on disk. Point that name at this folder instead.
+ * 1. Fonts. embed-amd.js computes where its Font Awesome files live from an AMD module
+ *    name ("@jupyter-widgets/html-manager/dist/...", "@jupyter-widgets/controls"), resolved
+ *    against the page's folder: right on a CDN, wrong on disk. Point those names at the
+ *    vendored folder instead.
  * 2. MathJax. ipywidgets typesets widget labels with the MathJax 2 call
  *    MathJax.Hub.Queue(["Typeset", MathJax.Hub, element]); the book loads MathJax 3, which
  *    has no Hub, so every labelled widget would throw. Give MathJax 3 a tiny Hub that
@@ -15,7 +16,11 @@
   var script = document.currentScript;
   if (script && window.requirejs) {
     var folder = script.src.replace(/[?#].*$/, "").replace(/\/[^\/]*$/, "") + "/vendor/widgets";
-    window.requirejs.config({ paths: { "@jupyter-widgets/html-manager/dist": folder } });
+    // Each bundled module (html-manager, base, controls, output) derives the font folder
+    // from its own name, so map both name roots onto the vendored folder.
+    window.requirejs.config({
+      paths: { "@jupyter-widgets/html-manager/dist": folder, "@jupyter-widgets": folder },
+    });
   }
 
   function installHub(mathjax) {
