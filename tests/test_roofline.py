@@ -279,3 +279,12 @@ def test_roofline_labs_build():
     from servelab import cost
     assert "$" in labs.cost_readout_html(cost.chat_cost())
     assert labs.chat_cost_lab().children
+
+
+def test_measure_min_statistic_and_bad_statistic():
+    pytest.importorskip("torch")
+    res = rl.measure(model=TINY, batches=(1,), repeats=2, bandwidth_mb=4, matmul_n=32, progress=False,
+                     statistic="min", dtypes=("fp32",))
+    assert res.model["statistic"] == "min" and res.decode("fp32")
+    with pytest.raises(ValueError, match="statistic"):
+        rl.measure_bandwidth(4, 1, statistic="mean")

@@ -518,9 +518,19 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
             "date": datetime.date.today().isoformat()}
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+STATISTICS = ("median", "min")
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1, statistic: str = "median") -> float:
+    """Median (default) or minimum of ``repeats`` timed calls after ``warmup`` untimed ones.
+
+    The minimum estimates an undisturbed run on a machine shared with other work:
+    interference only ever adds time.
+    """
     import statistics
 
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
     for _ in range(warmup):
         fn()
     times = []
@@ -528,7 +538,7 @@ def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> flo
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times) if statistic == "median" else min(times)
 
 
 def _row(kind: str, name: str, dtype: str, seconds: float, nbytes: float = 0.0, ops: float = 0.0,
@@ -540,7 +550,7 @@ def _row(kind: str, name: str, dtype: str, seconds: float, nbytes: float = 0.0, 
     return row
 
 
-def measure_bandwidth(size_mb: int = 512, repeats: int = 5) -> list[dict[str, Any]]:
+def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "median") -> list[dict[str, Any]]:
     """Memory bandwidth two ways: a large copy (read + write) and a matrix-vector product (read)."""
     import torch
 
@@ -548,17 +558,18 @@ def measure_bandwidth(size_mb: int = 512, repeats: int = 5) -> list[dict[str, An
     n = size_mb * 1_000_000 // 4
     src = torch.full((n,), 0.5)  # values do not matter; filling is faster than random numbers
     dst = torch.empty_like(src)
-    copy_s = _median_seconds(lambda: dst.copy_(src), repeats)
+    copy_s = _median_seconds(lambda: dst.copy_(src), repeats, statistic=statistic)
     del dst
     side = int(math.sqrt(n))
     w = src[: side * side].view(side, side)
     x = torch.full((side,), 0.5)
-    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats)
+    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats, statistic=statistic)
     return [_row("bandwidth", "copy (read+write)", "fp32", copy_s, nbytes=2 * src.numel() * 4),
             _row("bandwidth", "matrix-vector", "fp32", mv_s, nbytes=side * side * 4, ops=2 * side * side)]
 
 
-def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 5) -> list[dict[str, Any]]:
+def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 5,
+                   statistic: str = "median") -> list[dict[str, Any]]:
     """Square matrix-product rate per format: the machine's arithmetic peak in practice."""
     import torch
 
@@ -567,7 +578,7 @@ def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repe
     for dtype in dtypes:
         tdt = _torch_dtype(dtype)
         a, b = torch.rand(n, n).to(tdt), torch.rand(n, n).to(tdt)
-        s = _median_seconds(lambda: torch.mm(a, b), repeats)
+        s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic)
         rows.append(_row("matmul", "matmul", dtype, s, nbytes=3 * n * n * a.element_size(), ops=2.0 * n ** 3))
     return rows
 
@@ -597,7 +608,7 @@ def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp3
 
 
 def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens: int = 32, repeats: int = 5,
-                   progress: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+                   progress: Callable[[], None] | None = None, statistic: str = "median") -> list[dict[str, Any]]:
     """Median time of one decode step at each batch size, with ``context_tokens`` already cached.
 
     The cache is filled with random keys and values (no prefill needed) and
@@ -627,7 +638,7 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
                 model(ids, cache=cache)
             cache.crop(context_tokens)
 
-        seconds = _median_seconds(step, repeats)
+        seconds = _median_seconds(step, repeats, statistic=statistic)
         kv_bytes = 2 * cache.k[:, :, :, :context_tokens + 1].numel() * elem
         ops = 2.0 * matmul_params * batch
         rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes, ops=ops, batch=batch,
@@ -642,7 +653,7 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
 def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32", "bf16"),
             batches: Sequence[int] | None = None, repeats: int | None = None, context_tokens: int = 32,
             progress: bool = True, model: str | Mapping[str, int] | None = None,
-            bandwidth_mb: int | None = None, matmul_n: int = 2048) -> MeasureResult:
+            bandwidth_mb: int | None = None, matmul_n: int = 2048, statistic: str = "median") -> MeasureResult:
     """Measure this machine: bandwidth, matmul rates and a decode-step sweep, on ``threads`` threads.
 
     ``quick=True`` (default) uses a ~62M-parameter decoder and seven batch
@@ -650,7 +661,8 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
     fourteen batch sizes. One thread by default: results repeat within a few
     percent, and a GPU's single memory system is the thing being imitated.
     ``model`` (a :data:`SWEEP_MODELS` name or a shape dict), ``bandwidth_mb``
-    and ``matmul_n`` override the sizes (the tests use tiny ones).
+    and ``matmul_n`` override the sizes (the tests use tiny ones). ``statistic="min"``
+    reports the fastest repeat instead of the median, for machines shared with other work.
     """
     import torch
 
@@ -671,17 +683,18 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
             from tqdm.auto import tqdm
             bar = tqdm(total=total, desc="measuring", leave=False)
         tick = bar.update if bar is not None else (lambda n=1: None)
-        rows = measure_bandwidth(bandwidth_mb, repeats)
+        rows = measure_bandwidth(bandwidth_mb, repeats, statistic)
         tick()
-        rows += measure_matmul(matmul_n, dtypes, repeats)
+        rows += measure_matmul(matmul_n, dtypes, repeats, statistic)
         tick()
         model_info: dict[str, Any] = {"size": size if isinstance(size, str) else "custom",
-                                      "context_tokens": context_tokens, "shape": shape}
+                                      "context_tokens": context_tokens, "shape": shape,
+                                      "statistic": statistic, "repeats": repeats}
         for dtype in dtypes:
             decoder = build_sweep_model(shape, dtype)
             model_info["params"] = sum(p.numel() for p in decoder.parameters())
             tick()
-            rows += measure_decode(decoder, batches, context_tokens, repeats, progress=tick)
+            rows += measure_decode(decoder, batches, context_tokens, repeats, progress=tick, statistic=statistic)
             del decoder
         return MeasureResult(rows=rows, machine=machine_info(threads), model=model_info)
     finally:
