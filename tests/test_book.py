@@ -14,6 +14,7 @@ Two kinds of checks:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -87,7 +88,12 @@ def _build(source: Path, out: Path) -> Path:
          "--out", str(out), "--toc", str(toc), "--quiet"],
         capture_output=True, text=True, timeout=300,
     )
-    assert proc.returncode == 0, f"book build failed (warnings are errors):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    if proc.returncode != 0:
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in (proc.stdout + proc.stderr).splitlines()]
+        problems = [line for line in lines if "WARNING" in line or "ERROR" in line or "Error" in line]
+        shown = "\n".join(problems[:25] or lines[-40:])
+        more = f"\n... and {len(problems) - 25} more" if len(problems) > 25 else ""
+        pytest.fail(f"book build failed ({len(problems)} warnings, which are errors):\n{shown}{more}", pytrace=False)
     return out / "html"
 
 
@@ -197,8 +203,6 @@ def test_every_book_page_works_offline(real_book, browser):
 def test_built_pages_reference_no_remote_scripts_or_styles(real_book):
     # Belt and braces beside the browser check: no <script src>, <link href> or <img src>
     # in the HTML points off the machine (anchors to papers are fine: they are not fetched).
-    import re
-
     pattern = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=\"((?:https?:)?//[^\"]+)\"", re.I)
     offenders = {}
     for page, _ in real_book:
