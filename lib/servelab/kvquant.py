@@ -1,0 +1,194 @@
+"""Store the KV cache in fewer bits: quantize keys and values, read them back, measure the damage.
+
+Halving the bytes of every cached number doubles the seats a card grants
+(chapter 11) and halves the cache a decode step reads (chapter 10). The price is
+rounding error in every key and value, which shows up as slightly different
+attention weights and logits. This module makes both sides concrete:
+
+* :func:`quantize_kv` / :func:`dequantize_kv`: symmetric quantization of a
+  ``[..., kv_heads, tokens, head_dim]`` tensor to int8, int4 or fp8 (e4m3), with
+  one scale per token and head (``"token"``), per head (``"head"``) or for the
+  whole tensor (``"tensor"``). A scale is ``max |x| / largest code``.
+* :class:`QuantizedKVCache`: a drop-in cache for :class:`servelab.model.LlamaModel`
+  that stores int8/int4/fp8 codes plus per-token scales and hands attention the
+  dequantized values. Per-token scales suit a cache: each new token gets its own
+  scale when it is written and nothing stored is ever re-quantized.
+* :func:`logit_agreement`: how far two runs' logits are apart (max absolute
+  difference, mean KL divergence, greedy-token agreement).
+
+int4 codes are kept one per int8 here for simplicity; :attr:`QuantizedKVCache.nbytes`
+counts them as packed (two per byte), which is what a real kernel stores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FORMATS", "GRANULARITIES", "QuantizedKV", "quantize_kv", "dequantize_kv",
+           "roundtrip_error", "QuantizedKVCache", "logit_agreement"]
+
+#: Largest code of each storage format and the bytes one code takes.
+#: int8: codes -127..127; int4: -7..7; fp8 e4m3 (OCP 8-bit floating point spec,
+#: also torch.float8_e4m3fn): largest finite value 448.
+FORMATS: dict[str, tuple[float, float]] = {"int8": (127.0, 1.0), "int4": (7.0, 0.5), "fp8": (448.0, 1.0)}
+
+#: Which axes share one scale, for a tensor laid out ``[..., kv_heads, tokens, head_dim]``.
+GRANULARITIES = ("token", "head", "tensor")
+
+
+@dataclass
+class QuantizedKV:
+    """Codes plus the scales that turn them back into numbers: ``x ~= codes x scale``."""
+
+    codes: torch.Tensor   # int8 (int8/int4) or float8_e4m3fn (fp8)
+    scale: torch.Tensor   # float32, broadcastable against codes
+    fmt: str
+    granularity: str
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes a real cache would hold: packed codes plus float32 scales."""
+        return self.codes.numel() * FORMATS[self.fmt][1] + self.scale.numel() * self.scale.element_size()
+
+
+def _check_format(fmt: str, granularity: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown KV format {fmt!r}; use one of {sorted(FORMATS)}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity {granularity!r}; use one of {list(GRANULARITIES)}")
+
+
+def _check_tensor(x: torch.Tensor, granularity: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor of keys or values, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"expected a floating-point tensor, got dtype {x.dtype}; quantize real-valued K/V")
+    need = {"token": 1, "head": 2, "tensor": 0}[granularity]
+    if x.dim() < max(need, 1):
+        raise ValueError(f"granularity {granularity!r} needs a tensor with at least {max(need, 1)} dims "
+                         f"([..., kv_heads, tokens, head_dim]), got shape {tuple(x.shape)}")
+    if x.numel() and not torch.isfinite(x).all():
+        raise ValueError("keys/values contain inf or nan; they cannot be given a finite scale")
+
+
+def _scale(x: torch.Tensor, granularity: str, fmt: str) -> torch.Tensor:
+    a = x.detach().abs().float()
+    if granularity == "token":
+        amax = a.amax(dim=-1, keepdim=True)
+    elif granularity == "head":
+        amax = a.amax(dim=(-2, -1), keepdim=True)
+    else:
+        amax = a.amax().reshape([1] * x.dim()) if x.numel() else torch.zeros([1] * x.dim())
+    scale = amax / FORMATS[fmt][0]
+    return torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero rows: any scale works
+
+
+def quantize_kv(x: torch.Tensor, fmt: str = "int8", granularity: str = "token") -> QuantizedKV:
+    """Symmetric quantization of keys or values laid out ``[..., kv_heads, tokens, head_dim]``.
+
+    ``scale = max|x| / largest code`` over the numbers that share it, codes =
+    ``round(x / scale)`` (int formats) or ``x / scale`` cast to fp8 e4m3. The
+    largest magnitude in each group is represented exactly; the rest round to
+    the nearest code, an error of at most half a step (int) or about 6% relative (fp8).
+    """
+    _check_format(fmt, granularity)
+    _check_tensor(x, granularity)
+    scale = _scale(x, granularity, fmt)
+    y = x.float() / scale
+    if fmt == "fp8":
+        codes = y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    else:
+        qmax = FORMATS[fmt][0]
+        codes = torch.round(y).clamp(-qmax, qmax).to(torch.int8)
+    return QuantizedKV(codes=codes, scale=scale, fmt=fmt, granularity=granularity)
+
+
+def dequantize_kv(q: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Codes back to numbers: ``codes x scale`` in ``dtype``."""
+    if not isinstance(q, QuantizedKV):
+        raise TypeError(f"expected a QuantizedKV from quantize_kv, got {type(q).__name__}")
+    return (q.codes.float() * q.scale).to(dtype)
+
+
+def roundtrip_error(x: torch.Tensor, fmt: str = "int8", granularity: str = "token") -> dict[str, float]:
+    """Quantize then dequantize ``x``: max absolute error and error relative to the data's RMS."""
+    back = dequantize_kv(quantize_kv(x, fmt, granularity), torch.float32)
+    err = (back - x.float()).abs()
+    rms = x.float().pow(2).mean().sqrt().item() if x.numel() else 0.0
+    return {"max_abs": err.max().item() if x.numel() else 0.0,
+            "rel_rms": (err.pow(2).mean().sqrt().item() / rms) if rms > 0 else 0.0}
+
+
+class QuantizedKVCache:
+    """A contiguous KV cache whose entries are stored as int8/int4/fp8 codes with per-token scales.
+
+    Follows the cache protocol of :class:`servelab.model.KVCache`
+    (``length``, ``update(layer_idx, k, v)``, ``advance(n)``, ``crop(n)``):
+    new keys and values are quantized as they are written, and attention gets
+    the dequantized history, exactly what a quantized-KV kernel computes.
+    """
+
+    def __init__(self, config, batch_size: int = 1, max_len: int | None = None, fmt: str = "int8"):
+        _check_format(fmt, "token")
+        max_len = config.max_position_embeddings if max_len is None else max_len
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
+            raise ValueError(f"max_len must be a positive number of tokens, got {max_len!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        code_dtype = torch.float8_e4m3fn if fmt == "fp8" else torch.int8
+        self.fmt = fmt
+        self.k = torch.zeros(shape, dtype=code_dtype)
+        self.v = torch.zeros(shape, dtype=code_dtype)
+        self.k_scale = torch.ones(shape[:-1] + (1,))
+        self.v_scale = torch.ones(shape[:-1] + (1,))
+        self.max_len = max_len
+        self.length = 0
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {end} tokens would exceed max_len={self.max_len}")
+        for store, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q = quantize_kv(x, self.fmt, "token")
+            store[layer_idx, :, :, self.length:end] = q.codes
+            scales[layer_idx, :, :, self.length:end] = q.scale
+        k_all = self.k[layer_idx, :, :, :end].float() * self.k_scale[layer_idx, :, :, :end]
+        v_all = self.v[layer_idx, :, :, :end].float() * self.v_scale[layer_idx, :, :, :end]
+        return k_all.to(k.dtype), v_all.to(v.dtype)
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in [0, {self.length}], got {length}")
+        self.length = length
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes reserved, counting int4 codes packed two per byte, plus the float32 scales."""
+        codes = 2 * self.k.numel() * FORMATS[self.fmt][1]
+        return codes + 2 * self.k_scale.numel() * self.k_scale.element_size()
+
+
+def logit_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, float]:
+    """Compare two runs' logits ``[..., vocab]`` position by position.
+
+    Returns the largest absolute logit difference, the mean KL divergence
+    KL(reference || other) of the next-token distributions (nats), and the
+    fraction of positions where both pick the same greedy token.
+    """
+    if not isinstance(reference, torch.Tensor) or not isinstance(other, torch.Tensor):
+        raise TypeError("logit_agreement expects two torch.Tensors of logits")
+    if reference.shape != other.shape:
+        raise ValueError(f"logits must have the same shape, got {tuple(reference.shape)} and {tuple(other.shape)}")
+    if reference.dim() < 1 or reference.numel() == 0:
+        raise ValueError("logits are empty; compare at least one position")
+    ref, oth = reference.float().reshape(-1, reference.shape[-1]), other.float().reshape(-1, other.shape[-1])
+    lp_ref, lp_oth = torch.log_softmax(ref, -1), torch.log_softmax(oth, -1)
+    kl = (lp_ref.exp() * (lp_ref - lp_oth)).sum(-1)
+    return {"max_abs_diff": (ref - oth).abs().max().item(),
+            "mean_kl": kl.mean().item(),
+            "top1_agreement": (ref.argmax(-1) == oth.argmax(-1)).float().mean().item()}
