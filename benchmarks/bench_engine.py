@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
+import os
 import sys
 import tempfile
 import time
@@ -38,19 +38,12 @@ MODEL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import transformers
-    return {"platform": platform.platform(), "cpu": cpu, "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    """Machine and versions (servelab.machine), plus the load average: other processes on a
+    shared machine slow every system, so the load is part of the record."""
+    from servelab.machine import describe
+    info = describe(("torch", "numpy", "transformers"))
+    info["load_average_1min"] = round(os.getloadavg()[0], 2)
+    return info
 
 
 def build_model() -> LlamaModel:
@@ -263,7 +256,9 @@ def report(r) -> str:
     lines = [
         "# Engine benchmarks", "",
         f"Machine: {m['cpu']}, {m['platform']}, {m['threads']} thread(s); Python {m['python']}, "
-        f"torch {m['torch']}, numpy {m['numpy']}, transformers {m['transformers']}; {m['date']}.",
+        f"torch {m['torch']}, numpy {m['numpy']}, transformers {m['transformers']}; {m['date']}; "
+        f"1-minute load average at start {m.get('load_average_1min', 'not recorded')} "
+        f"on {m.get('logical_cpus', '?')} logical CPUs.",
         "Command: `.venv/bin/python benchmarks/bench_engine.py`", "",
         f"Model: random-weight Llama, d={r['model']['hidden_size']}, {r['model']['num_hidden_layers']} layers, "
         f"{r['model']['num_attention_heads']} query / {r['model']['num_key_value_heads']} KV heads, "

@@ -201,6 +201,6 @@ def test_llm_loads_a_checkpoint_folder(tmp_path, model):
     save_pretrained(m32, tmp_path / "ckpt")
     llm = LLM(str(tmp_path / "ckpt"), tokenizer=CharTokenizer(), block_size=8)
     assert llm.config.max_model_len == 256
-    assert llm.config.num_kv_blocks == 64 * 256 // 8
+    assert llm.config.num_kv_blocks == min(64 * 256, LLM.DEFAULT_POOL_TOKENS) // 8
     out = llm.generate("abc", SamplingParams(temperature=0.0, max_tokens=4))[0]
     assert len(out.token_ids) == 4 and out.finish_reason == "length"

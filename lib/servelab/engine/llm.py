@@ -57,8 +57,12 @@ class LLM:
 
     ``model`` is a checkpoint folder (config.json + model.safetensors) or a
     :class:`servelab.model.LlamaModel`. ``num_kv_blocks`` defaults to enough
-    blocks for every seat to reach ``max_model_len``.
+    blocks for every seat to reach ``max_model_len``, but at most
+    ``DEFAULT_POOL_TOKENS`` slots (a laptop-sized pool; vLLM instead sizes it
+    from the accelerator memory left after the weights).
     """
+
+    DEFAULT_POOL_TOKENS = 32_768
 
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
@@ -76,7 +80,7 @@ class LLM:
         self.tokenizer = tokenizer
         max_model_len = max_model_len or model.config.max_position_embeddings
         if num_kv_blocks is None:
-            num_kv_blocks = -(-max_num_seqs * max_model_len // block_size)
+            num_kv_blocks = -(-min(max_num_seqs * max_model_len, self.DEFAULT_POOL_TOKENS) // block_size)
         self.engine = LLMEngine.from_model(
             model, _PromptTokenizer(tokenizer), seed=seed, kv_dtype=kv_dtype, block_size=block_size,
             num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
