@@ -512,7 +512,12 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"platform": platform.platform(), "cpu": cpu, "python": platform.python_version(),
+    try:
+        load = round(__import__("os").getloadavg()[0], 2)  # other work competing for the cores
+    except OSError:
+        load = None
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": __import__("os").cpu_count(),
+            "load_average_1min": load, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": numpy.__version__,
             "threads": threads if threads is not None else torch.get_num_threads(),
             "date": datetime.date.today().isoformat()}
