@@ -20,6 +20,7 @@ positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's Q, K, V,
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,10 +34,15 @@ from servelab.attention import apply_rope, mask_from_positions, repeat_kv, rope_
 __all__ = [
     "LlamaConfig", "RMSNorm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
     "LlamaModel", "KVCache", "load_pretrained", "save_pretrained", "load_config",
-    "load_state_dict", "count_parameters_from_config",
+    "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
 ]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+
+#: Where the course's own trained checkpoints live (``servelab-main``, ``servelab-draft``);
+#: ``SERVELAB_MODELS_DIR`` overrides it.
+COURSE_MODELS_DIR = Path(os.environ.get("SERVELAB_MODELS_DIR",
+                                        Path(__file__).resolve().parents[2] / "data" / "models"))
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
@@ -522,6 +528,19 @@ def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
     # RoPE frequencies are computed, not stored, and kept in fp32 whatever the weights' dtype.
     model.rotary.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
     return model.eval()
+
+
+def load_course_model(name: str = "main", dtype: torch.dtype | str = torch.float32) -> LlamaModel:
+    """The course's tiny trained model: ``"main"`` (~6M parameters) or ``"draft"`` (~1M).
+
+    Both use the course tokenizer (``servelab.bpe.load_course_tokenizer()``) and
+    were trained by ``python -m servelab.train --preset main|draft``.
+    """
+    folder = COURSE_MODELS_DIR / (name if name.startswith("servelab-") else f"servelab-{name}")
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"course model {name!r} not found at {folder}; "
+                                f"train it with `python -m servelab.train --preset {name.removeprefix('servelab-')}`")
+    return load_pretrained(folder, dtype=dtype)
 
 
 def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[str, Any] | None = None) -> Path:
