@@ -246,9 +246,10 @@ QWEN25_7B = _register(ModelConfig(
 
 # The seed guide's running example: a 200B-parameter dense model served at 8 bits,
 # 80 layers, 8 KV heads of 128 numbers (160 KB of cache per token at 1 byte).
-# Width and vocabulary follow its other examples (12,288 wide, 150,000 entries).
+# Width and vocabulary follow its other examples (12,288 wide, 150,000 entries); the
+# guide gives no MLP width, so 57,600 (gated) is chosen to make the shape count ~200B.
 EXAMPLE_200B = _register(ModelConfig(
-    name="Example-200B", vocab_size=150_000, hidden_size=12_288, intermediate_size=4 * 12_288,
+    name="Example-200B", vocab_size=150_000, hidden_size=12_288, intermediate_size=57_600,
     num_hidden_layers=80, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
     nominal_params=200e9, architecture="Example",
     source="the course's seed guide 'Inside LLM serving' (running example; an illustration, "
