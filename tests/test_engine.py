@@ -65,8 +65,8 @@ workload = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=3
 def test_any_configuration_gives_the_reference_tokens(reqs, num_blocks, block_size, chunk, prefix,
                                                       max_num_seqs, budget, arrival_seed):
     arrivals = random.Random(arrival_seed)
-    if (num_blocks * block_size) < 40:
-        num_blocks = -(-40 // block_size)  # room for the longest prompt (30) plus output
+    if (num_blocks * block_size) < 50:
+        num_blocks = -(-50 // block_size)  # room for the longest prompt (30) plus output (20)
     eng = make_engine(num_blocks, block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                       long_prefill_token_threshold=chunk, enable_prefix_caching=prefix)
     pending = list(enumerate(reqs))
@@ -365,3 +365,25 @@ def test_static_batching_gives_the_same_tokens_in_more_steps():
     # every wave is full width until its longest member is done
     assert all(s.num_seqs == 4 for s in stat_eng.step_log)
     assert stat_eng.scheduler.kv.allocator.num_used == 0
+
+
+def test_static_waves_shrink_to_fit_the_pool():
+    reqs = [([i % VOCAB] * 10, 30) for i in range(6)]
+    eng = make_engine(num_blocks=30, block_size=4, max_num_seqs=6, cls=StaticBatchEngine)
+    for i, (p, n) in enumerate(reqs):
+        eng.add_request(str(i), p, greedy(n))
+    final = eng.run_to_completion()
+    # each member reserves 10 + 30 = 40 slots = 10 blocks, so only 3 fit at once
+    assert max(s.num_seqs for s in eng.step_log) == 3
+    assert all(final[str(i)].token_ids == toy_greedy_generate(p, n, VOCAB) for i, (p, n) in enumerate(reqs))
+
+
+def test_step_log_counts_prefill_and_decode_rows():
+    eng = make_engine(num_blocks=100, max_num_seqs=4)
+    eng.add_request("a", [1] * 6, greedy(3))
+    eng.step()
+    eng.add_request("b", [2] * 5, greedy(3))
+    eng.step()
+    first, second = eng.step_log
+    assert (first.num_prefill_tokens, first.num_decodes) == (6, 0)
+    assert (second.num_prefill_tokens, second.num_decodes, second.num_batched_tokens) == (5, 1, 6)

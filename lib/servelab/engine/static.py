@@ -74,8 +74,8 @@ class StaticScheduler:
         need = self._reserve(members)
         now = time.perf_counter()
         for s in members:
-            if not self.kv.allocate(s.block_table, need):
-                raise RuntimeError("static wave does not fit in the KV pool")  # _validate prevents it
+            if not self.kv.allocate(s.block_table, need):  # cannot happen: need <= max_len <= pool
+                raise RuntimeError("static wave does not fit in the KV pool")
             s.status = SequenceStatus.RUNNING
             s.metrics.first_scheduled_time = now
         self.wave = members
@@ -108,13 +108,6 @@ class StaticBatchEngine(LLMEngine):
                  eos_token_ids=(), seed: int = 0, keep_step_log: bool = True):
         super().__init__(runner, config, tokenizer, eos_token_ids, seed, keep_step_log)
         self.scheduler = StaticScheduler(self.config)
-
-    def _validate(self, prompt_ids, sp) -> None:
-        super()._validate(prompt_ids, sp)
-        need = len(prompt_ids) + (getattr(sp, "max_tokens", 16) or 16)
-        if -(-min(need, self.config.max_sequence_len) // self.config.block_size) > self.config.num_kv_blocks:
-            raise ValueError(f"static batching reserves prompt + max_tokens = {need} slots up front, "
-                             f"more than the pool's {self.config.pool_tokens}; raise num_kv_blocks")
 
     def step(self):
         t0 = time.perf_counter()
