@@ -313,6 +313,8 @@ def test_duplicate_ids_and_budget_without_chunking_are_rejected():
         eng.add_request("b", [1] * 9, greedy(2))
     with pytest.raises(ValueError, match="token ids"):
         eng.add_request("c", "text", greedy(2))
+    with pytest.raises(ValueError, match="tokenizer"):
+        eng.add_request("d", [1], greedy(2, stop=["x"]))
 
 
 def test_output_is_capped_by_the_context_and_by_the_pool():

@@ -138,6 +138,9 @@ class LLMEngine:
             raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="
                              f"{cfg.max_num_batched_tokens}, and chunked prefill is off; enable it "
                              f"or raise the budget")
+        if _opt(sp, "stop", None) and self.tokenizer is None:
+            raise ValueError("stop strings need text, but this engine has no tokenizer; "
+                             "use stop_token_ids or give the engine a tokenizer")
         max_tokens = getattr(sp, "max_tokens", 16)
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
