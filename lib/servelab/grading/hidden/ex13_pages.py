@@ -86,6 +86,8 @@ def _q1_behaviour(cls):
 Q1 = Question(
     id="q1", title="A block allocator with reference counts", function="BlockAllocator", points=4,
     level="medium", minutes=15, test=_q1_behaviour,
+    visible=[Case(args=(0,), raises=ValueError, label="0 blocks (the notebook check; the grader "
+                  "then allocates, shares and frees)")],
 )
 
 
