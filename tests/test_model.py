@@ -220,3 +220,32 @@ def test_pickle_only_folder_is_refused(tmp_path):
         load_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_pretrained(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------ training helpers
+
+def test_train_schedule_batches_and_presets():
+    from servelab.train import PRESETS, TrainPreset, loss_on, lr_at, random_batch
+
+    p = TrainPreset("t", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=1, steps=100, warmup_steps=10, lr=1e-3)
+    assert lr_at(0, p) == pytest.approx(1e-4) and lr_at(9, p) == pytest.approx(1e-3)
+    assert lr_at(99, p) == pytest.approx(1e-4, rel=0.01)          # decays to min_lr_ratio * lr
+    tokens = torch.arange(1000, dtype=torch.int32)
+    x, y = random_batch(tokens, 4, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert {"main", "draft"} <= set(PRESETS)
+    # a few optimizer steps on a repeating pattern lower the loss
+    cfg = LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    model = LlamaModel(cfg).init_weights(seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    pattern = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7] * 4])
+    first = None
+    for _ in range(30):
+        loss = loss_on(model, pattern[:, :-1], pattern[:, 1:], autocast=False)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first / 2

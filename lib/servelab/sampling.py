@@ -123,7 +123,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
         raise ValueError(f"top_p must be in (0, 1], got {p}")
     if p == 1:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # ties: lower id first
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
     drop_sorted = mass_before >= p
