@@ -202,11 +202,16 @@ class KVCacheManager:
         return BlockTable(self.block_size)
 
     # -- prefix reuse -----------------------------------------------------
-    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
-        """Cached leading blocks usable by a new sequence (not yet taken)."""
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None,
+                     keys: Sequence[BlockKey] | None = None) -> list[int]:
+        """Cached leading blocks usable by a new sequence (not yet taken).
+
+        ``keys`` are the sequence's block keys if the caller already has them
+        (a request waiting in the queue is looked up again every step).
+        """
         if self.prefix_cache is None:
             return []
-        return self.prefix_cache.match(token_ids, self.block_size, cache_salt=cache_salt)
+        return self.prefix_cache.match(token_ids, self.block_size, cache_salt=cache_salt, keys=keys)
 
     # -- allocation -------------------------------------------------------
     def blocks_needed(self, table: BlockTable, num_tokens: int,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SequenceStatus
 from servelab.paged import KVCacheManager
+from servelab.prefix_cache import block_keys
 
 __all__ = ["ScheduledSequence", "SchedulerOutput", "Scheduler"]
 
@@ -115,7 +116,7 @@ class Scheduler:
         now = time.perf_counter()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            hit = kv.match_prefix(seq.token_ids, seq.cache_salt)
+            hit = kv.match_prefix(seq.token_ids, seq.cache_salt, keys=self._block_keys(seq))
             cached = len(hit) * self.config.block_size
             left = seq.num_tokens - cached
             if not self.config.enable_chunked_prefill and left > budget:
@@ -136,6 +137,18 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence(seq, n))
             budget -= n
         return out
+
+    def _block_keys(self, seq: Sequence):
+        """The sequence's chained block keys, computed once and extended as it grows
+        (tokens are only ever appended, so earlier keys never change)."""
+        if self.kv.prefix_cache is None:
+            return None
+        keys = seq.prefix_keys
+        full = seq.num_tokens // self.config.block_size
+        if len(keys) < full:
+            keys.extend(block_keys(seq.token_ids, self.config.block_size, cache_salt=seq.cache_salt,
+                                   num_blocks=full, start=len(keys), parent=keys[-1] if keys else b""))
+        return keys
 
     def _preempt(self, seq: Sequence) -> None:
         """Preemption by recompute: drop the K/V, keep the tokens, queue at the front."""

@@ -80,6 +80,7 @@ class Sequence:
         self.block_table = BlockTable(block_size)
         self.max_len = max_len  # hard cap on prompt + output (context and pool)
         self.cache_salt = cache_salt
+        self.prefix_keys: list[bytes] = []  # chained block keys of the full blocks, grown lazily
         self.generator = generator  # torch.Generator for seeded sampling, or None
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
