@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
-from servelab.paged import PagedAttentionMetadata, write_kv
+from servelab.paged import PagedAttentionMetadata, paged_attention, write_kv
 
 __all__ = ["StepInput", "prepare_step", "ModelRunner"]
 
@@ -58,13 +59,54 @@ def prepare_step(out: SchedulerOutput) -> StepInput:
     return step
 
 
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm, as a function (statistics in fp32, as ``servelab.model.RMSNorm``)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE for rows laid out [T, heads, head_dim] with cos/sin [T, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class _LayerWeights:
+    """One decoder layer's weights, with Q/K/V and gate/up fused into single matrices."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _cat_bias(*linears):
+    if linears[0].bias is None:
+        return None
+    return torch.cat([l.bias for l in linears]).detach()
+
+
 class ModelRunner:
     """Runs a :class:`servelab.model.LlamaModel` over a paged KV pool.
 
     The pool is one K and one V tensor per layer, each
-    ``[num_blocks, block_size, num_key_value_heads, head_dim]``. The model's own
-    modules do the work (embedding, RoPE, Q/K/V projections, MLP, head); only
-    attention is replaced, by the gather through block tables.
+    ``[num_blocks, block_size, num_key_value_heads, head_dim]``.
+
+    The forward pass uses the model's own weights and RoPE tables, with two
+    standard serving tricks: the Q, K and V projections are fused into one
+    matrix (one matmul instead of three), and so are the MLP's gate and up
+    projections. The fused copies are taken once, when the runner is built.
+    Attention is replaced by the gather through block tables. The tests check
+    the logits against the model's own forward pass.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None):
@@ -77,6 +119,20 @@ class ModelRunner:
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
         self.v_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
+        self.layers = []
+        with torch.no_grad():
+            for layer in model.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append(_LayerWeights(
+                    input_norm=layer.input_layernorm.weight.detach(),
+                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                    qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                    o=a.o_proj.weight.detach(), o_bias=_cat_bias(a.o_proj),
+                    post_norm=layer.post_attention_layernorm.weight.detach(),
+                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
+                    gate_up_bias=_cat_bias(m.gate_proj, m.up_proj),
+                    down=m.down_proj.weight.detach(), down_bias=_cat_bias(m.down_proj)))
+        self.scale = cfg.head_dim ** -0.5
 
     @property
     def vocab_size(self) -> int:
@@ -91,27 +147,31 @@ class ModelRunner:
         """Write every scheduled token's K/V; return logits [len(sample_rows), vocab]."""
         model, cfg = self.model, self.config
         T = step.num_tokens
-        ids = torch.as_tensor(step.input_ids, dtype=torch.long)[None]
+        H, KVH, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        ids = torch.as_tensor(step.input_ids, dtype=torch.long)
         positions = torch.as_tensor(step.positions, dtype=torch.long)
         slots = torch.as_tensor(step.slot_mapping, dtype=torch.long)
         meta = PagedAttentionMetadata.build(step.block_tables, step.query_lens,
                                             step.context_lens, self.block_size)
-        h = model.embed(ids)                                   # [1, T, hidden]
-        cos, sin = model.rotary(positions, h.dtype)            # [T, head_dim]
-        H, D = cfg.num_attention_heads, cfg.head_dim
-        for layer, k_cache, v_cache in zip(model.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)  # [1, heads, T, D]
-            write_kv(k_cache, slots, k[0].transpose(0, 1))
-            write_kv(v_cache, slots, v[0].transpose(0, 1))
-            o = self._attention(q[0].transpose(0, 1), k_cache, v_cache, meta, attn.scale)
-            h = h + attn.o_proj(o.reshape(1, T, H * D))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = F.embedding(ids, model.embed_tokens.weight)             # [T, hidden]
+        cos, sin = model.rotary(positions, h.dtype)                 # [T, head_dim]
+        cos, sin = cos[:, None], sin[:, None]
+        for w, k_cache, v_cache in zip(self.layers, self.k_cache, self.v_cache):
+            qkv = F.linear(_rms_norm(h, w.input_norm, eps), w.qkv, w.qkv_bias)
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+            q = _rope(q.view(T, H, D), cos, sin)
+            k = _rope(k.view(T, KVH, D), cos, sin)
+            write_kv(k_cache, slots, k)
+            write_kv(v_cache, slots, v.view(T, KVH, D))
+            o = self._attention(q, k_cache, v_cache, meta)
+            h = h + F.linear(o.reshape(T, H * D), w.o, w.o_bias)
+            gate, up = F.linear(_rms_norm(h, w.post_norm, eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w.down, w.down_bias)
         rows = torch.as_tensor(step.sample_rows, dtype=torch.long)
-        return model.logits(h[0, rows]).float()
+        return model.logits(h[rows]).float()
 
-    def _attention(self, q, k_cache, v_cache, meta, scale):
-        from servelab.paged import paged_attention
-        if k_cache.dtype != q.dtype:  # a quantized / lower-precision pool: compute in q's dtype
+    def _attention(self, q, k_cache, v_cache, meta):
+        if k_cache.dtype != q.dtype:  # a lower-precision pool: compute in q's dtype
             k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)
-        return paged_attention(q, k_cache, v_cache, meta, scale=scale)
+        return paged_attention(q, k_cache, v_cache, meta, scale=self.scale)
