@@ -21,37 +21,19 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import importlib.metadata as md  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from servelab import bpe, corpus  # noqa: E402
+from servelab.machine import describe  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("tiktoken", "tokenizers", "regex", "numpy", "torch", "tqdm"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu,
-            "logical_cpus": os.cpu_count(), "threads_used": 1, "versions": versions,
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return describe(packages=("tiktoken", "tokenizers", "regex", "numpy", "torch", "tqdm"), threads=1)
 
 
 def timed(fn, repeats: int):

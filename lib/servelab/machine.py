@@ -37,6 +37,10 @@ def describe(packages: tuple[str, ...] = DEFAULT_PACKAGES, threads: int | None =
         import sys
         torch = sys.modules.get("torch")
         threads = torch.get_num_threads() if torch else os.environ.get("OMP_NUM_THREADS", "unset")
+    try:
+        load = round(os.getloadavg()[0], 2)  # other work competing for the cores skews timings
+    except OSError:
+        load = None
     return {"platform": platform.platform(), "cpu": cpu_model(), "logical_cpus": os.cpu_count(),
-            "python": platform.python_version(), **versions, "threads": threads,
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "load_average_1min": load, "python": platform.python_version(), **versions,
+            "threads": threads, "date": datetime.datetime.now().isoformat(timespec="seconds")}

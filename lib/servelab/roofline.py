@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from servelab.kvcache import kv_bytes_per_token, kv_room_bytes, seats_granted
 from servelab.specs import GB, TB, Chip, get_chip, get_model
@@ -496,31 +496,10 @@ class MeasureResult:
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
-    """Platform, CPU model, library versions and thread count, for recording results."""
-    import datetime
-    import platform
+    """Platform, CPU model, load, library versions and thread count, for recording results."""
+    from servelab.machine import describe
 
-    import numpy
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        load = round(__import__("os").getloadavg()[0], 2)  # other work competing for the cores
-    except OSError:
-        load = None
-    return {"platform": platform.platform(), "cpu": cpu, "cpus": __import__("os").cpu_count(),
-            "load_average_1min": load, "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": numpy.__version__,
-            "threads": threads if threads is not None else torch.get_num_threads(),
-            "date": datetime.date.today().isoformat()}
+    return describe(packages=("torch", "numpy"), threads=threads)
 
 
 STATISTICS = ("median", "min")
