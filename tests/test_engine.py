@@ -61,14 +61,18 @@ workload = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=3
        prefix=st.booleans(),
        max_num_seqs=st.integers(1, 6),
        budget=st.sampled_from([8, 32, 512]),
+       chunked=st.booleans(),
        arrival_seed=st.integers(0, 2**16))
 def test_any_configuration_gives_the_reference_tokens(reqs, num_blocks, block_size, chunk, prefix,
-                                                      max_num_seqs, budget, arrival_seed):
+                                                      max_num_seqs, budget, chunked, arrival_seed):
     arrivals = random.Random(arrival_seed)
+    if not chunked:
+        budget = max(budget, 32)  # without chunking every prompt (up to 30 tokens) must fit a step
     if (num_blocks * block_size) < 50:
         num_blocks = -(-50 // block_size)  # room for the longest prompt (30) plus output (20)
     eng = make_engine(num_blocks, block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                      long_prefill_token_threshold=chunk, enable_prefix_caching=prefix)
+                      long_prefill_token_threshold=chunk, enable_prefix_caching=prefix,
+                      enable_chunked_prefill=chunked)
     pending = list(enumerate(reqs))
     arrivals.shuffle(pending)
     final = {}
@@ -389,3 +393,17 @@ def test_step_log_counts_prefill_and_decode_rows():
     first, second = eng.step_log
     assert (first.num_prefill_tokens, first.num_decodes) == (6, 0)
     assert (second.num_prefill_tokens, second.num_decodes, second.num_batched_tokens) == (5, 1, 6)
+
+
+def test_preempted_sequence_longer_than_the_budget_still_resumes_without_chunking():
+    # budget 12 admits 10-token prompts whole; after 10 outputs a preempted sequence holds
+    # 20 tokens, more than one step's budget: its recompute must still be scheduled.
+    reqs = [([i + 1] * 10, 25) for i in range(3)]
+    eng = make_engine(num_blocks=16, block_size=4, max_num_seqs=3, max_num_batched_tokens=12,
+                      enable_chunked_prefill=False)
+    for i, (p, n) in enumerate(reqs):
+        eng.add_request(str(i), p, greedy(n))
+    final = eng.run_to_completion()
+    assert eng.scheduler.num_preemptions > 0
+    assert all(final[str(i)].token_ids == toy_greedy_generate(p, n, VOCAB) for i, (p, n) in enumerate(reqs))
+    check_clean(eng)

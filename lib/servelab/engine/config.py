@@ -18,6 +18,7 @@ class EngineConfig:
       step with the decodes, instead of waiting for a step with room for all of it.
     * ``long_prefill_token_threshold`` - most prompt tokens one sequence may
       compute in one step (the chunk size); ``None`` = only the budget limits it.
+      Used only with chunked prefill.
     * ``enable_prefix_caching`` - reuse cached K/V blocks of earlier prompts.
     * ``max_model_len`` - longest prompt + output (the model's context).
     """

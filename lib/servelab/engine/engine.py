@@ -168,6 +168,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            if self.has_unfinished_requests():  # admission checks make this unreachable
+                raise RuntimeError("the scheduler planned nothing while requests are waiting; "
+                                   "this is an engine bug, please report it")
             return []
         num_decodes = sum(1 for s in plan.scheduled
                           if s.num_new_tokens == 1 and s.start >= s.seq.num_prompt_tokens)

@@ -80,10 +80,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
-        n = min(seq.num_uncomputed_tokens, budget)
+    def _chunk(self, tokens_left: int, budget: int) -> int:
+        """Tokens to compute this step: what is left, within the budget and the chunk cap."""
+        n = min(tokens_left, budget)
         cap = self.config.long_prefill_token_threshold
-        if cap is not None and n > 1:
+        if cap is not None and n > 1 and self.config.enable_chunked_prefill:
             n = min(n, cap)
         return n
 
@@ -96,7 +97,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq.num_uncomputed_tokens, budget)
             while not kv.allocate(seq.block_table, seq.num_computed_tokens + n):
                 victim = self.running.pop()  # the newest
                 self._preempt(victim)
@@ -119,12 +120,11 @@ class Scheduler:
             hit = kv.match_prefix(seq.token_ids, seq.cache_salt, keys=self._block_keys(seq))
             cached = len(hit) * self.config.block_size
             left = seq.num_tokens - cached
-            if not self.config.enable_chunked_prefill and left > budget:
+            # Without chunked prefill a new prompt waits for a step with room for all of it.
+            # (A preempted sequence's recompute may still be split: it could outgrow the budget.)
+            if not self.config.enable_chunked_prefill and seq.num_output_tokens == 0 and left > budget:
                 break
-            n = min(left, budget)
-            cap = self.config.long_prefill_token_threshold
-            if cap is not None and n > 1:
-                n = min(n, cap)
+            n = self._chunk(left, budget)
             if not kv.allocate(seq.block_table, cached + n, hit):
                 break
             self.waiting.popleft()
