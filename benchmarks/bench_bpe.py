@@ -147,7 +147,7 @@ def write(res: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
     m, tr, en = res["machine"], res["training"], res["encoding"]
-    v = m["versions"]
+    v = m  # package versions sit beside the machine facts (servelab.machine.describe)
     md_text = f"""# BPE benchmark (`benchmarks/bench_bpe.py`)
 
 Run: `.venv/bin/python benchmarks/bench_bpe.py` on {m['date']}.
