@@ -14,7 +14,6 @@ number of tokens the workload drew for it, so all systems do the same work.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -22,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from servelab.engine import EngineConfig, LLMEngine, ModelRunner, StaticBatchEngine
@@ -38,12 +36,10 @@ MODEL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden
 
 
 def machine() -> dict:
-    """Machine and versions (servelab.machine), plus the load average: other processes on a
-    shared machine slow every system, so the load is part of the record."""
+    """Machine, versions and load average (servelab.machine): on a shared machine other
+    processes slow every system, so the load is part of the record."""
     from servelab.machine import describe
-    info = describe(("torch", "numpy", "transformers"))
-    info["load_average_1min"] = round(os.getloadavg()[0], 2)
-    return info
+    return describe(("torch", "numpy", "transformers"))
 
 
 def build_model() -> LlamaModel:

@@ -1,5 +1,4 @@
 """servelab.arith: parameter counts, bytes, chips and operations, with the seed's figures."""
-import math
 
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -5,7 +5,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from servelab import cost, roofline as rl
-from servelab.arith import prefill_ops
 
 
 def test_prices_have_sources():

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.kvquant import (FORMATS, QuantizedKV, QuantizedKVCache, dequantize_kv, logit_agreement,
+from servelab.kvquant import (FORMATS, QuantizedKVCache, dequantize_kv, logit_agreement,
                               quantize_kv, roundtrip_error)
 from servelab.model import LlamaConfig, LlamaModel
 

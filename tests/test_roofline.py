@@ -1,5 +1,4 @@
 """servelab.roofline: intensity, ridge, the step-time model and the seed's worked figures."""
-import math
 import subprocess
 import sys
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from servelab.kvcache import bytes_per_element, kv_room_bytes, weights_bytes
-from servelab.specs import GB, Chip, ModelConfig, get_chip, get_model
+from servelab.specs import Chip, ModelConfig, get_chip, get_model
 
 __all__ = [
     "WEIGHTS_MEMORY_SHARE", "GROUP_SIZES", "ParamCount", "count_params", "embedding_numbers",

@@ -17,7 +17,7 @@ buildings, engineering and training (see chapter 24). Pure Python, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 from servelab.arith import prefill_ops

@@ -7,7 +7,7 @@ against. Every generated token costs a full pass through the model: a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch

@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from servelab.machine import describe
 from servelab.model import LlamaConfig, LlamaModel, load_pretrained, save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -158,19 +158,6 @@ def evaluate(model: LlamaModel, tokens: torch.Tensor, seq_len: int, max_windows:
     return total / count
 
 
-def _machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
-
-
 def _plot(rows: list[dict], path: Path, title: str, final_val: float | None = None,
           probe_tokens: int | None = None) -> None:
     import matplotlib
@@ -254,7 +241,7 @@ def train(preset: TrainPreset, out: Path | None = None, threads: int = 1, log=No
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu_seconds, 1),
         "tokens_per_second": round(preset.steps * preset.tokens_per_step
                                                                              / train_seconds),
-        "machine": _machine(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": describe(("torch",)), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "command": f"python -m servelab.train --preset {preset.name.removeprefix('servelab-')}",
         "tokenizer_sha256": tokenizer_sha256(),
     }
