@@ -83,6 +83,7 @@ def run_engine(cls, model, workload, seats, pool_blocks, block_size=16, track_me
     stats["steps"] = eng.num_steps
     if cls is StaticBatchEngine:
         stats["padding_rows"] = eng.scheduler.num_padding_tokens
+        stats["prompt_padding_rows"] = eng.scheduler.num_prompt_padding_tokens
     else:
         stats["preemptions"] = eng.scheduler.num_preemptions
     return stats, memory

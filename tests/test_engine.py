@@ -368,6 +368,7 @@ def test_static_batching_gives_the_same_tokens_in_more_steps():
         assert stat[str(i)].token_ids == cont[str(i)].token_ids == toy_greedy_generate(p, n, VOCAB)
     assert stat_eng.num_steps > cont_eng.num_steps
     assert stat_eng.scheduler.num_padding_tokens > 0
+    assert stat_eng.scheduler.num_prompt_padding_tokens > 0  # short prompts were padded, answers unchanged
     # every wave is full width until its longest member is done
     assert all(s.num_seqs == 4 for s in stat_eng.step_log)
     assert stat_eng.scheduler.kv.allocator.num_used == 0

@@ -148,6 +148,7 @@ def test_static_baseline_gives_the_same_tokens(model, expected):
         eng.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=n))
     final = eng.run_to_completion()
     assert [final[str(i)].token_ids for i in range(len(reqs))] == want
+    assert eng.scheduler.num_prompt_padding_tokens > 0  # padding rows were computed and changed nothing
 
 
 def test_seeded_sampling_is_independent_of_the_batch(model):

@@ -13,9 +13,10 @@ early servers worked:
 
 It reuses the continuous engine's model runner, sampler and stop rules, so a
 benchmark between the two measures the scheduling policy and nothing else.
-Prompts are not padded during prefill (the ragged runner does not need it),
-which makes this baseline slightly *faster* than a real padded batch: the
-comparison is conservative.
+Prompts are padded to the wave's longest, as in a batched tensor: each short
+prompt's pad rows are computed after it, in slots of its own reservation that
+its decode steps overwrite before reading them, so the padding costs compute
+but never changes an answer.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class StaticScheduler:
         self.prefilled = False
         self.padding_positions: dict[str, int] = {}
         self.num_padding_tokens = 0  # decode rows computed for finished members
+        self.num_prompt_padding_tokens = 0  # prefill rows computed to pad short prompts
         self.num_preemptions = 0
 
     @property
@@ -141,6 +143,8 @@ class StaticBatchEngine(LLMEngine):
             step.sample_rows.append(len(step.input_ids) - 1)
             if not s.is_finished:
                 active.append((len(step.sample_rows) - 1, s, n))
+        if not sched.prefilled:
+            self._pad_prompts(step, wave)
         logits = self.runner.execute(step)
         sched.prefilled = True
         for _, s, n in active:
@@ -159,3 +163,24 @@ class StaticBatchEngine(LLMEngine):
                 num_waiting=len(sched.waiting), kv_blocks_used=sched.kv.allocator.num_used,
                 duration=now - t0))
         return outputs
+
+    def _pad_prompts(self, step: StepInput, wave: list[Sequence]) -> None:
+        """Add the pad rows that bring every prompt up to the wave's longest.
+
+        They sit right after the real prompt (positions len..longest-1), in slots the
+        member reserved anyway; its first decode steps overwrite them before any query
+        can attend to them, so they cost compute without changing outputs.
+        """
+        longest = max(s.num_prompt_tokens for s in wave)
+        for s in wave:
+            start, pad = s.num_prompt_tokens, longest - s.num_prompt_tokens
+            if pad <= 0:
+                continue
+            step.input_ids.extend([PAD_TOKEN] * pad)
+            step.positions.extend(range(start, longest))
+            step.slot_mapping.extend(s.block_table.slots(start, longest))
+            step.query_lens.append(pad)
+            step.context_lens.append(longest)
+            step.block_tables.append(list(s.block_table.block_ids))
+            step.sample_rows.append(len(step.input_ids) - 1)
+            self.scheduler.num_prompt_padding_tokens += pad
