@@ -70,7 +70,7 @@ class TrainPreset:
 PRESETS = {
     # d=256, 6 layers, GQA 8 query heads / 4 KV heads of 32 dims: ~5.8M parameters.
     "main": TrainPreset("servelab-main", hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                        num_attention_heads=8, num_key_value_heads=4, steps=1000),
+                        num_attention_heads=8, num_key_value_heads=4, steps=2000),
     # d=128, 4 layers, 4 query heads / 2 KV heads: ~1.2M parameters, same tokenizer.
     "draft": TrainPreset("servelab-draft", hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, lr=4e-3),
