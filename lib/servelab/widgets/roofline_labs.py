@@ -6,14 +6,11 @@ Thin faces over :class:`servelab.roofline.Replica` and
 from __future__ import annotations
 
 from servelab import cost, roofline
+from servelab.widgets.common import tiles_html
 
 
 def _tiles(pairs: list[tuple[str, str]]) -> str:
-    cells = "".join(
-        f"<div style='border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:140px'>"
-        f"<div style='font-size:11px;color:#555'>{label}</div>"
-        f"<div style='font-size:18px;font-weight:600'>{value}</div></div>" for label, value in pairs)
-    return f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{cells}</div>"
+    return tiles_html(pairs, min_width=140)
 
 
 def step_readout_html(replica: roofline.Replica, batch: int, context_tokens: int) -> str:
