@@ -20,6 +20,9 @@ import math
 from dataclasses import dataclass
 
 from servelab.kvcache import bytes_per_element, kv_room_bytes, weights_bytes
+from servelab._checks import check_count as _check_count
+from servelab._checks import check_fraction as _check_fraction
+from servelab._checks import check_positive as _check_positive
 from servelab.specs import Chip, ModelConfig, get_chip, get_model
 
 __all__ = [
@@ -183,19 +186,10 @@ def weights_memory(num_params: float, precision: int | str = 16) -> float:
     return weights_bytes(num_params, _format_name(precision))
 
 
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
-def _check_fraction(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be a fraction in (0, 1], got {value!r}")
 
 
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
 
 
 def _usable(chip: Chip | str) -> float:

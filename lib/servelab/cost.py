@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
+from servelab._checks import check_count as _check_count
 from servelab.arith import prefill_ops
 from servelab.roofline import EXAMPLE_REPLICA, Replica
 from servelab.specs import ModelConfig, get_model
@@ -116,9 +117,6 @@ def _check_fraction_closed(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a share in [0, 1], got {value!r}")
 
 
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
 
 
 def chat_cost(conversation_tokens: int = 8000, reply_tokens: int = 500, cached_share: float = 0.5,

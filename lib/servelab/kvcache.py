@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from servelab._checks import check_positive as _check_positive
 from servelab.specs import GB, Chip, ModelConfig, get_chip, get_model
 
 #: Bytes each stored number takes, by format name.
@@ -220,9 +221,6 @@ def kv_calculator(tier: str | ModelTier = "small", cache_dtype: str = "bf16", se
     )
 
 
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def _check_length(seq_len: int) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from servelab.model import KVCache
+
 __all__ = ["FORMATS", "GRANULARITIES", "QuantizedKV", "quantize_kv", "dequantize_kv",
            "roundtrip_error", "QuantizedKVCache", "logit_agreement"]
 
@@ -120,11 +122,11 @@ def roundtrip_error(x: torch.Tensor, fmt: str = "int8", granularity: str = "toke
             "rel_rms": (err.pow(2).mean().sqrt().item() / rms) if rms > 0 else 0.0}
 
 
-class QuantizedKVCache:
+class QuantizedKVCache(KVCache):
     """A contiguous KV cache whose entries are stored as int8/int4/fp8 codes with per-token scales.
 
-    Follows the cache protocol of :class:`servelab.model.KVCache`
-    (``length``, ``update(layer_idx, k, v)``, ``advance(n)``, ``crop(n)``):
+    A :class:`servelab.model.KVCache` with quantized storage (it inherits
+    ``advance(n)`` and ``crop(n)``; ``update(layer_idx, k, v)`` differs):
     new keys and values are quantized as they are written, and attention gets
     the dequantized history, exactly what a quantized-KV kernel computes.
     """
@@ -157,14 +159,6 @@ class QuantizedKVCache:
         k_all = self.k[layer_idx, :, :, :end].float() * self.k_scale[layer_idx, :, :, :end]
         v_all = self.v[layer_idx, :, :, :end].float() * self.v_scale[layer_idx, :, :, :end]
         return k_all.to(k.dtype), v_all.to(v.dtype)
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"crop length must be in [0, {self.length}], got {length}")
-        self.length = length
 
     @property
     def nbytes(self) -> float:

@@ -26,6 +26,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from servelab._checks import check_count as _check_count
+from servelab._checks import check_fraction as _check_fraction
+from servelab._checks import check_non_negative as _check_non_negative
+from servelab._checks import check_positive as _check_positive
+from servelab._checks import check_tokens as _check_tokens
 from servelab.kvcache import kv_bytes_per_token, kv_room_bytes, seats_granted
 from servelab.specs import GB, TB, Chip, get_chip, get_model
 
@@ -82,29 +87,14 @@ MEMORY_TIERS: tuple[MemoryTier, ...] = (
 # Validation
 # ---------------------------------------------------------------------------
 
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
-def _check_non_negative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-def _check_fraction(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be a fraction in (0, 1] (e.g. 0.6 for 60% of peak), got {value!r}")
 
 
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
 
 
-def _check_tokens(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a whole number of tokens >= 0, got {value!r}")
 
 
 # ---------------------------------------------------------------------------
