@@ -249,3 +249,87 @@ def test_train_schedule_batches_and_presets():
         loss.backward()
         opt.step()
     assert loss.item() < first / 2
+
+
+# ---------------------------------------------------------------- packed weights
+
+def _small(**overrides):
+    kwargs = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    kwargs.update(overrides)
+    return LlamaModel(LlamaConfig(**kwargs)).init_weights(seed=3).eval()
+
+
+def _prefill_then_decode(model, ids):
+    cache = model.new_cache(batch_size=ids.shape[0], max_len=ids.shape[1] + 4)
+    with torch.inference_mode():
+        first = model(ids, cache=cache)
+        step = model(ids[:, -1:], cache=cache)
+    return first, step
+
+
+def _linear_calls(model, ids):
+    calls = []
+    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in model.modules()
+               if isinstance(m, torch.nn.Linear)]
+    with torch.inference_mode():
+        model(ids)
+    for h in handles:
+        h.remove()
+    return len(calls)
+
+
+@pytest.mark.parametrize("bias,tied", [(False, False), (True, False), (False, True)])
+def test_packed_weights_change_the_layout_not_the_answer(bias, tied):
+    plain = _small(attention_bias=bias, mlp_bias=bias, tie_word_embeddings=tied)
+    packed = _small(attention_bias=bias, mlp_bias=bias, tie_word_embeddings=tied).pack_for_inference()
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    for a, b in zip(_prefill_then_decode(plain, ids), _prefill_then_decode(packed, ids)):
+        assert (a - b).abs().max().item() < 1e-5
+    # packed matmuls bypass the nn.Linear modules; only a tied head still runs as one
+    assert _linear_calls(plain, ids) == 7 * plain.config.num_hidden_layers + 1
+    assert _linear_calls(packed, ids) == (1 if tied else 0)
+    # names and values in the state dict are the Hugging Face ones
+    assert plain.state_dict().keys() == packed.state_dict().keys()
+    for name, t in plain.state_dict().items():
+        assert torch.equal(t, packed.state_dict()[name]), name
+
+
+def test_packed_weights_are_views_so_updates_reach_both(tmp_path):
+    model = _small().pack_for_inference()
+    attn = model.layers[0].self_attn
+    assert attn.packed_qkv.weight.shape == (48, 4 * 12 + 2 * 2 * 12)
+    assert attn.k_proj.weight.data_ptr() == attn.packed_qkv.weight[0, attn.q_proj.out_features].data_ptr()
+    fresh = _small()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.mul_(-1.5)
+    model.load_state_dict(fresh.state_dict())  # copies into the views, so the packed matrix follows
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        assert (model(ids) - fresh(ids)).abs().max().item() < 1e-5
+    save_pretrained(model, tmp_path)  # strided, shared storage must not trip safetensors
+    with torch.inference_mode():
+        assert (load_pretrained(tmp_path)(ids) - fresh(ids)).abs().max().item() < 1e-5
+
+
+def test_packed_model_still_trains_each_weight():
+    model = _small().pack_for_inference().train()
+    model(torch.tensor([[1, 2, 3, 4, 5]])).sum().backward()
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                   mlp.down_proj, model.lm_head):
+        assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+
+
+def test_dtype_change_drops_a_stale_packing():
+    model = _small().pack_for_inference().to(torch.bfloat16)
+    reference = _small().to(torch.bfloat16)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        assert torch.equal(model(ids), reference(ids))  # the plain path, on the new tensors
+    attn = model.layers[0].self_attn
+    assert not attn.packed_qkv.is_current((attn.q_proj, attn.k_proj, attn.v_proj))
+    model.pack_for_inference()
+    with torch.inference_mode():
+        assert (model(ids).float() - reference(ids).float()).abs().max().item() < 0.05

@@ -32,8 +32,8 @@ from torch import nn
 from servelab.attention import apply_rope, mask_from_positions, repeat_kv, rope_cos_sin, rope_inv_freq
 
 __all__ = [
-    "LlamaConfig", "RMSNorm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
-    "LlamaModel", "KVCache", "load_pretrained", "save_pretrained", "load_config",
+    "LlamaConfig", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
+    "LlamaModel", "KVCache", "PackedLinears", "load_pretrained", "save_pretrained", "load_config",
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
 ]
 
@@ -169,10 +169,100 @@ def load_config(path: str | Path) -> LlamaConfig:
     return LlamaConfig.from_hf_dict(json.loads(file.read_text()))
 
 
+# ====================================================================== packed weights
+
+class PackedLinears:
+    """One or more ``nn.Linear`` that read the same input, packed for inference.
+
+    Two standard serving tricks in one object:
+
+    * **fusion**: Q, K and V (or the MLP's gate and up) become one matrix, so
+      the input is read once and one matmul runs instead of three;
+    * **layout**: the matrix is stored input-major, ``[in_features, total
+      out_features]`` (the transpose of ``nn.Linear.weight``), and applied as
+      ``x @ W``. At batch 1 that walks the matrix row by row, adding
+      ``x[i] * W[i, :]`` into a small output vector that stays in cache; on the
+      CPUs we measured it streams a layer's weights about a quarter faster than
+      one dot product per output row (``benchmarks/results/roofline.md``).
+
+    The packed matrix *is* the storage: each linear's ``weight`` becomes a
+    (transposed) view of its columns, so nothing is copied, ``state_dict``
+    names and values stay Hugging Face's, and an optimizer step or
+    ``load_state_dict`` updates both at once. It is used only while it is still
+    what the linears hold (:meth:`is_current`): after ``model.to(dtype)`` the
+    parameters are new tensors and the layer goes back to its plain linears
+    until packed again.
+    """
+
+    LAYOUTS = ("input_major", "output_major")
+
+    def __init__(self, linears, layout: str = "input_major"):
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        with torch.no_grad():
+            fused = torch.cat([l.weight for l in linears])           # [total out, in]
+            # input-major keeps the transpose; output-major is nn.Linear's own layout
+            self.weight = fused.t().contiguous() if layout == "input_major" else fused
+            has_bias = linears[0].bias is not None
+            self.bias = torch.cat([l.bias for l in linears]).contiguous() if has_bias else None
+            self.sizes = [l.out_features for l in linears]
+            start = 0
+            for l, n in zip(linears, self.sizes):
+                view = (self.weight[:, start:start + n].t() if layout == "input_major"
+                        else self.weight[start:start + n])
+                l.weight = nn.Parameter(view, requires_grad=l.weight.requires_grad)
+                if has_bias:
+                    l.bias = nn.Parameter(self.bias[start:start + n], requires_grad=l.bias.requires_grad)
+                start += n
+        self._pointers = [self._pointer(l) for l in linears]
+
+    @staticmethod
+    def _pointer(linear):
+        return (linear.weight.data_ptr(), linear.weight.dtype, linear.weight.device,
+                None if linear.bias is None else linear.bias.data_ptr())
+
+    def is_current(self, linears) -> bool:
+        """True while the linears still hold views of this packed matrix."""
+        return [self._pointer(l) for l in linears] == self._pointers
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.layout == "output_major":
+            out = F.linear(x, self.weight, self.bias)
+        else:
+            out = x @ self.weight
+            if self.bias is not None:
+                out = out + self.bias
+        return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
+
+
+def _apply_linears(packed: "PackedLinears | None", linears, x) -> list[torch.Tensor]:
+    """Each linear applied to ``x``: through the packed matrix when it applies, else one by one.
+
+    Training always takes the plain linears, so each weight gets its own gradient.
+    """
+    if packed is not None and not torch.is_grad_enabled() and packed.is_current(linears):
+        return packed(x)
+    return [l(x) for l in linears]
+
+
 # ====================================================================== layers
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension, statistics in fp32.
+
+    In fp32 this is PyTorch's single fused kernel; other dtypes are upcast for
+    the statistics and cast back before the weight, as Hugging Face's Llama does.
+    """
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight. Statistics in fp32 even when the model runs in bf16."""
+    """x / rms(x) * weight (:func:`rms_norm`). Statistics in fp32 even when the model runs in bf16."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -180,10 +270,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -223,6 +310,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.packed_qkv: PackedLinears | None = None
+        self.packed_o: PackedLinears | None = None
+
+    def pack(self, layout: str = "input_major") -> None:
+        """Q, K and V as one matrix, and ``o_proj`` in the same layout (inference only)."""
+        self.packed_qkv = PackedLinears([self.q_proj, self.k_proj, self.v_proj], layout)
+        self.packed_o = PackedLinears([self.o_proj], layout)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
@@ -232,9 +326,10 @@ class Attention(nn.Module):
         exactly what a KV cache stores for these tokens.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = _apply_linears(self.packed_qkv, (self.q_proj, self.k_proj, self.v_proj), x)
+        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -250,7 +345,8 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
                                              scale=self.scale)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return _apply_linears(self.packed_o, (self.o_proj,), out)[0]
 
     def forward(self, x, cos, sin, mask=None, cache=None, is_causal=False):
         q, k, v = self.project(x, cos, sin)
@@ -268,9 +364,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.packed_gate_up: PackedLinears | None = None
+        self.packed_down: PackedLinears | None = None
+
+    def pack(self, layout: str = "input_major") -> None:
+        """Gate and up as one matrix, and ``down_proj`` in the same layout (inference only)."""
+        self.packed_gate_up = PackedLinears([self.gate_proj, self.up_proj], layout)
+        self.packed_down = PackedLinears([self.down_proj], layout)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = _apply_linears(self.packed_gate_up, (self.gate_proj, self.up_proj), x)
+        return _apply_linears(self.packed_down, (self.down_proj,), F.silu(gate) * up)[0]
 
 
 class DecoderLayer(nn.Module):
@@ -358,6 +462,7 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config)
+        self.packed_head: PackedLinears | None = None
 
     # -- pieces ---------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -366,7 +471,7 @@ class LlamaModel(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm then the output head: residual stream -> a score per vocabulary entry."""
-        return self.lm_head(self.norm(h))
+        return _apply_linears(self.packed_head, (self.lm_head,), self.norm(h))[0]
 
     # -- forward --------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -393,8 +498,10 @@ class LlamaModel(nn.Module):
             position_ids = torch.arange(start, start + t, device=input_ids.device)
         h = self.embed(input_ids)
         cos, sin = self.rotary(position_ids, h.dtype)
-        if default_positions and start == 0:
-            mask, is_causal = None, True
+        if default_positions and (start == 0 or t == 1):
+            # a prompt from the start needs only the causal flag, and one new token
+            # after the cache sees every cached key: no mask tensor either way
+            mask, is_causal = None, start == 0
         else:
             mask, is_causal = mask_from_positions(position_ids, start + t if cache is not None else t), False
         states = [h] if keep_all else None
@@ -410,6 +517,20 @@ class LlamaModel(nn.Module):
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         p = self.embed_tokens.weight
         return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
+
+    def pack_for_inference(self, layout: str = "input_major") -> "LlamaModel":
+        """Pack every layer's matrices for inference (see :class:`PackedLinears`).
+
+        Q/K/V and gate/up are fused, and every matrix is stored input-major;
+        an untied output head too (a tied one stays the embedding table, which
+        lookups need row by row). Same outputs, faster decode on a CPU. Call it
+        after any ``.to(dtype)``; returns the model.
+        """
+        for layer in self.layers:
+            layer.self_attn.pack(layout)
+            layer.mlp.pack(layout)
+        self.packed_head = None if self.config.tie_word_embeddings else PackedLinears([self.lm_head], layout)
+        return self
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied head is counted once)."""
@@ -561,7 +682,10 @@ def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[s
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        tensors[name if name == "lm_head.weight" else "model." + name] = t.detach().contiguous().cpu()
+        # a fresh contiguous copy: packed weights are strided views of one shared matrix,
+        # and safetensors refuses both
+        tensors[name if name == "lm_head.weight" else "model." + name] = \
+            t.detach().cpu().clone(memory_format=torch.contiguous_format)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 

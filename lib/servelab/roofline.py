@@ -567,7 +567,12 @@ def _torch_dtype(name: str):
 
 
 def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp32", seed: int = 0):
-    """A random-weight Llama-style decoder (servelab.model) for timing decode steps."""
+    """A random-weight Llama-style decoder (servelab.model) for timing decode steps.
+
+    Its weights are packed for inference (``LlamaModel.pack_for_inference``), as
+    a serving engine would: Q/K/V and gate/up fused, every matrix input-major, so
+    a decode step streams its weights in a few long passes.
+    """
     import torch
 
     from servelab.model import LlamaConfig, LlamaModel
@@ -578,7 +583,7 @@ def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp3
     config = LlamaConfig(max_position_embeddings=4096, **shape)
     with torch.device("cpu"):
         model = LlamaModel(config).init_weights(seed=seed)
-    return model.to(_torch_dtype(dtype)).eval()
+    return model.to(_torch_dtype(dtype)).eval().pack_for_inference()
 
 
 def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens: int = 32, repeats: int = 5,

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
+from servelab.model import rms_norm
 from servelab.paged import PagedAttentionMetadata, paged_attention, write_kv
 
 __all__ = ["StepInput", "prepare_step", "ModelRunner"]
@@ -57,13 +58,6 @@ def prepare_step(out: SchedulerOutput) -> StepInput:
         if s.samples:
             step.sample_rows.append(len(step.input_ids) - 1)
     return step
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The model's RMSNorm, as a function (statistics in fp32, as ``servelab.model.RMSNorm``)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -158,7 +152,7 @@ class ModelRunner:
         cos, sin = model.rotary(positions, h.dtype)                 # [T, head_dim]
         cos, sin = cos[:, None], sin[:, None]
         for w, k_cache, v_cache in zip(self.layers, self.k_cache, self.v_cache):
-            qkv = F.linear(_rms_norm(h, w.input_norm, eps), w.qkv, w.qkv_bias)
+            qkv = F.linear(rms_norm(h, w.input_norm, eps), w.qkv, w.qkv_bias)
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
             q = _rope(q.view(T, H, D), cos, sin)
             k = _rope(k.view(T, KVH, D), cos, sin)
@@ -166,7 +160,7 @@ class ModelRunner:
             write_kv(v_cache, slots, v.view(T, KVH, D))
             o = self._attention(q, k_cache, v_cache, meta)
             h = h + F.linear(o.reshape(T, H * D), w.o, w.o_bias)
-            gate, up = F.linear(_rms_norm(h, w.post_norm, eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            gate, up = F.linear(rms_norm(h, w.post_norm, eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w.down, w.down_bias)
         rows = torch.as_tensor(step.sample_rows, dtype=torch.long)
         return model.logits(h[rows]).float()
