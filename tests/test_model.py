@@ -251,7 +251,7 @@ def test_train_schedule_batches_and_presets():
     assert loss.item() < first / 2
 
 
-# ---------------------------------------------------------------- packed weights
+# ---------------------------------------------------------------- fused projections
 
 def _small(**overrides):
     kwargs = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
@@ -279,57 +279,57 @@ def _linear_calls(model, ids):
     return len(calls)
 
 
-@pytest.mark.parametrize("bias,tied", [(False, False), (True, False), (False, True)])
-def test_packed_weights_change_the_layout_not_the_answer(bias, tied):
-    plain = _small(attention_bias=bias, mlp_bias=bias, tie_word_embeddings=tied)
-    packed = _small(attention_bias=bias, mlp_bias=bias, tie_word_embeddings=tied).pack_for_inference()
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_change_the_matmul_count_not_the_answer(bias):
+    plain = _small(attention_bias=bias, mlp_bias=bias)
+    fused = _small(attention_bias=bias, mlp_bias=bias).fuse_projections()
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
-    for a, b in zip(_prefill_then_decode(plain, ids), _prefill_then_decode(packed, ids)):
+    for a, b in zip(_prefill_then_decode(plain, ids), _prefill_then_decode(fused, ids)):
         assert (a - b).abs().max().item() < 1e-5
-    # packed matmuls bypass the nn.Linear modules; only a tied head still runs as one
-    assert _linear_calls(plain, ids) == 7 * plain.config.num_hidden_layers + 1
-    assert _linear_calls(packed, ids) == (1 if tied else 0)
+    # q, k, v, gate and up no longer run as modules: o_proj and down_proj per layer, then the head
+    layers = plain.config.num_hidden_layers
+    assert _linear_calls(plain, ids) == 7 * layers + 1
+    assert _linear_calls(fused, ids) == 2 * layers + 1
     # names and values in the state dict are the Hugging Face ones
-    assert plain.state_dict().keys() == packed.state_dict().keys()
+    assert plain.state_dict().keys() == fused.state_dict().keys()
     for name, t in plain.state_dict().items():
-        assert torch.equal(t, packed.state_dict()[name]), name
+        assert torch.equal(t, fused.state_dict()[name]), name
 
 
-def test_packed_weights_are_views_so_updates_reach_both(tmp_path):
-    model = _small().pack_for_inference()
+def test_fused_weights_are_views_so_updates_reach_both(tmp_path):
+    model = _small().fuse_projections()
     attn = model.layers[0].self_attn
-    assert attn.packed_qkv.weight.shape == (48, 4 * 12 + 2 * 2 * 12)
-    assert attn.k_proj.weight.data_ptr() == attn.packed_qkv.weight[0, attn.q_proj.out_features].data_ptr()
+    assert attn.fused_qkv.weight.shape == (4 * 12 + 2 * 2 * 12, 48)
+    assert attn.k_proj.weight.data_ptr() == attn.fused_qkv.weight[attn.q_proj.out_features].data_ptr()
     fresh = _small()
     with torch.no_grad():
         for p in fresh.parameters():
             p.mul_(-1.5)
-    model.load_state_dict(fresh.state_dict())  # copies into the views, so the packed matrix follows
+    model.load_state_dict(fresh.state_dict())  # copies into the views, so the fused matrix follows
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
         assert (model(ids) - fresh(ids)).abs().max().item() < 1e-5
-    save_pretrained(model, tmp_path)  # strided, shared storage must not trip safetensors
+    save_pretrained(model, tmp_path)  # shared storage must not trip safetensors
     with torch.inference_mode():
         assert (load_pretrained(tmp_path)(ids) - fresh(ids)).abs().max().item() < 1e-5
 
 
-def test_packed_model_still_trains_each_weight():
-    model = _small().pack_for_inference().train()
+def test_fused_model_still_trains_each_weight():
+    model = _small().fuse_projections().train()
     model(torch.tensor([[1, 2, 3, 4, 5]])).sum().backward()
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
-    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                   mlp.down_proj, model.lm_head):
+    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
         assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
 
 
-def test_dtype_change_drops_a_stale_packing():
-    model = _small().pack_for_inference().to(torch.bfloat16)
+def test_dtype_change_drops_a_stale_fusion():
+    model = _small().fuse_projections().to(torch.bfloat16)
     reference = _small().to(torch.bfloat16)
     ids = torch.tensor([[5, 6, 7]])
     with torch.inference_mode():
-        assert torch.equal(model(ids), reference(ids))  # the plain path, on the new tensors
+        assert torch.equal(model(ids), reference(ids))  # the separate path, on the new tensors
     attn = model.layers[0].self_attn
-    assert not attn.packed_qkv.is_current((attn.q_proj, attn.k_proj, attn.v_proj))
-    model.pack_for_inference()
+    assert not attn.fused_qkv.is_current((attn.q_proj, attn.k_proj, attn.v_proj))
+    model.fuse_projections()
     with torch.inference_mode():
         assert (model(ids).float() - reference(ids).float()).abs().max().item() < 0.05

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.attention import apply_rope, mask_from_positions, repeat_kv, rope_cos_sin, rope_inv_freq
+from servelab.attention import apply_rope, mask_from_positions, rope_cos_sin, rope_inv_freq
 
 __all__ = [
     "LlamaConfig", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
-    "LlamaModel", "KVCache", "PackedLinears", "load_pretrained", "save_pretrained", "load_config",
+    "LlamaModel", "KVCache", "FusedLinears", "load_pretrained", "save_pretrained", "load_config",
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
 ]
 
@@ -169,52 +169,35 @@ def load_config(path: str | Path) -> LlamaConfig:
     return LlamaConfig.from_hf_dict(json.loads(file.read_text()))
 
 
-# ====================================================================== packed weights
+# ====================================================================== fused projections
 
-class PackedLinears:
-    """One or more ``nn.Linear`` that read the same input, packed for inference.
+class FusedLinears:
+    """Several ``nn.Linear`` that read the same input, stored as one matrix.
 
-    Two standard serving tricks in one object:
+    Serving engines multiply Q, K and V (and the MLP's gate and up) in one
+    matmul: the input is read once, one kernel runs instead of three, and one
+    long matrix streams from memory. The fused matrix *is* the storage: each
+    original ``weight`` becomes a view of its rows, so nothing is copied,
+    ``state_dict`` names and values stay Hugging Face's, and an optimizer step
+    or ``load_state_dict`` updates both at once.
 
-    * **fusion**: Q, K and V (or the MLP's gate and up) become one matrix, so
-      the input is read once and one matmul runs instead of three;
-    * **layout**: the matrix is stored input-major, ``[in_features, total
-      out_features]`` (the transpose of ``nn.Linear.weight``), and applied as
-      ``x @ W``. At batch 1 that walks the matrix row by row, adding
-      ``x[i] * W[i, :]`` into a small output vector that stays in cache; on the
-      CPUs we measured it streams a layer's weights about a quarter faster than
-      one dot product per output row (``benchmarks/results/roofline.md``).
-
-    The packed matrix *is* the storage: each linear's ``weight`` becomes a
-    (transposed) view of its columns, so nothing is copied, ``state_dict``
-    names and values stay Hugging Face's, and an optimizer step or
-    ``load_state_dict`` updates both at once. It is used only while it is still
-    what the linears hold (:meth:`is_current`): after ``model.to(dtype)`` the
-    parameters are new tensors and the layer goes back to its plain linears
-    until packed again.
+    It is used only while it is still what the linears hold (:meth:`is_current`):
+    after ``model.to(dtype)`` the parameters are new tensors, and the layer goes
+    back to its separate matmuls until fused again.
     """
 
-    LAYOUTS = ("input_major", "output_major")
-
-    def __init__(self, linears, layout: str = "input_major"):
-        if layout not in self.LAYOUTS:
-            raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
-        self.layout = layout
+    def __init__(self, linears):
         with torch.no_grad():
-            fused = torch.cat([l.weight for l in linears])           # [total out, in]
-            # input-major keeps the transpose; output-major is nn.Linear's own layout
-            self.weight = fused.t().contiguous() if layout == "input_major" else fused
+            self.weight = torch.cat([l.weight for l in linears])
             has_bias = linears[0].bias is not None
-            self.bias = torch.cat([l.bias for l in linears]).contiguous() if has_bias else None
+            self.bias = torch.cat([l.bias for l in linears]) if has_bias else None
             self.sizes = [l.out_features for l in linears]
-            start = 0
+            row = 0
             for l, n in zip(linears, self.sizes):
-                view = (self.weight[:, start:start + n].t() if layout == "input_major"
-                        else self.weight[start:start + n])
-                l.weight = nn.Parameter(view, requires_grad=l.weight.requires_grad)
+                l.weight = nn.Parameter(self.weight[row:row + n], requires_grad=l.weight.requires_grad)
                 if has_bias:
-                    l.bias = nn.Parameter(self.bias[start:start + n], requires_grad=l.bias.requires_grad)
-                start += n
+                    l.bias = nn.Parameter(self.bias[row:row + n], requires_grad=l.bias.requires_grad)
+                row += n
         self._pointers = [self._pointer(l) for l in linears]
 
     @staticmethod
@@ -223,26 +206,20 @@ class PackedLinears:
                 None if linear.bias is None else linear.bias.data_ptr())
 
     def is_current(self, linears) -> bool:
-        """True while the linears still hold views of this packed matrix."""
+        """True while the linears still hold views of this fused matrix."""
         return [self._pointer(l) for l in linears] == self._pointers
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.layout == "output_major":
-            out = F.linear(x, self.weight, self.bias)
-        else:
-            out = x @ self.weight
-            if self.bias is not None:
-                out = out + self.bias
-        return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
 
-def _apply_linears(packed: "PackedLinears | None", linears, x) -> list[torch.Tensor]:
-    """Each linear applied to ``x``: through the packed matrix when it applies, else one by one.
+def _apply_linears(fused: "FusedLinears | None", linears, x):
+    """Each linear applied to ``x``: in one fused matmul when it applies, else one by one.
 
-    Training always takes the plain linears, so each weight gets its own gradient.
+    Training always takes the separate linears, so each weight gets its own gradient.
     """
-    if packed is not None and not torch.is_grad_enabled() and packed.is_current(linears):
-        return packed(x)
+    if fused is not None and not torch.is_grad_enabled() and fused.is_current(linears):
+        return fused(x)
     return [l(x) for l in linears]
 
 
@@ -310,13 +287,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.packed_qkv: PackedLinears | None = None
-        self.packed_o: PackedLinears | None = None
+        self.fused_qkv: FusedLinears | None = None
 
-    def pack(self, layout: str = "input_major") -> None:
-        """Q, K and V as one matrix, and ``o_proj`` in the same layout (inference only)."""
-        self.packed_qkv = PackedLinears([self.q_proj, self.k_proj, self.v_proj], layout)
-        self.packed_o = PackedLinears([self.o_proj], layout)
+    def fuse(self) -> None:
+        """Store Q, K and V as one matrix and project with one matmul at inference."""
+        self.fused_qkv = FusedLinears([self.q_proj, self.k_proj, self.v_proj])
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
@@ -326,7 +301,7 @@ class Attention(nn.Module):
         exactly what a KV cache stores for these tokens.
         """
         b, t, _ = x.shape
-        q, k, v = _apply_linears(self.packed_qkv, (self.q_proj, self.k_proj, self.v_proj), x)
+        q, k, v = _apply_linears(self.fused_qkv, (self.q_proj, self.k_proj, self.v_proj), x)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -337,16 +312,14 @@ class Attention(nn.Module):
         """softmax(q k^T / sqrt(d)) v, then ``o_proj``; returns ``[batch, time, hidden]``.
 
         ``mask`` is boolean, True = may attend, broadcastable to
-        ``[batch, heads, q_time, kv_time]``. K/V heads are expanded to the query
-        heads here, at compute time.
+        ``[batch, heads, q_time, kv_time]``. Each K/V head serves ``kv_groups``
+        query heads; SDPA's ``enable_gqa`` does that pairing without copying K/V
+        (:func:`servelab.attention.repeat_kv` spells the same pairing out).
         """
-        k = repeat_kv(k, self.kv_groups)
-        v = repeat_kv(v, self.kv_groups)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-                                             scale=self.scale)
+                                             scale=self.scale, enable_gqa=self.kv_groups > 1)
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
-        return _apply_linears(self.packed_o, (self.o_proj,), out)[0]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
     def forward(self, x, cos, sin, mask=None, cache=None, is_causal=False):
         q, k, v = self.project(x, cos, sin)
@@ -364,17 +337,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.packed_gate_up: PackedLinears | None = None
-        self.packed_down: PackedLinears | None = None
+        self.fused_gate_up: FusedLinears | None = None
 
-    def pack(self, layout: str = "input_major") -> None:
-        """Gate and up as one matrix, and ``down_proj`` in the same layout (inference only)."""
-        self.packed_gate_up = PackedLinears([self.gate_proj, self.up_proj], layout)
-        self.packed_down = PackedLinears([self.down_proj], layout)
+    def fuse(self) -> None:
+        """Store gate and up as one matrix and multiply once at inference."""
+        self.fused_gate_up = FusedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x):
-        gate, up = _apply_linears(self.packed_gate_up, (self.gate_proj, self.up_proj), x)
-        return _apply_linears(self.packed_down, (self.down_proj,), F.silu(gate) * up)[0]
+        gate, up = _apply_linears(self.fused_gate_up, (self.gate_proj, self.up_proj), x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -418,14 +389,16 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} tokens would exceed max_len={self.max_len}")
-        self.k[layer_idx, :, :, self.length:end] = k
-        self.v[layer_idx, :, :, self.length:end] = v
-        return self.k[layer_idx, :, :, :end], self.v[layer_idx, :, :, :end]
+        k_layer, v_layer = self._k_layers[layer_idx], self._v_layers[layer_idx]
+        k_layer[:, :, self.length:end] = k
+        v_layer[:, :, self.length:end] = v
+        return k_layer[:, :, :end], v_layer[:, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -462,7 +435,6 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config)
-        self.packed_head: PackedLinears | None = None
 
     # -- pieces ---------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -471,7 +443,7 @@ class LlamaModel(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm then the output head: residual stream -> a score per vocabulary entry."""
-        return _apply_linears(self.packed_head, (self.lm_head,), self.norm(h))[0]
+        return self.lm_head(self.norm(h))
 
     # -- forward --------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -518,18 +490,15 @@ class LlamaModel(nn.Module):
         p = self.embed_tokens.weight
         return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
 
-    def pack_for_inference(self, layout: str = "input_major") -> "LlamaModel":
-        """Pack every layer's matrices for inference (see :class:`PackedLinears`).
+    def fuse_projections(self) -> "LlamaModel":
+        """Fuse every layer's Q/K/V and gate/up projections (see :class:`FusedLinears`).
 
-        Q/K/V and gate/up are fused, and every matrix is stored input-major;
-        an untied output head too (a tied one stays the embedding table, which
-        lookups need row by row). Same outputs, faster decode on a CPU. Call it
+        Same outputs, fewer and longer matmuls: the usual serving layout. Call it
         after any ``.to(dtype)``; returns the model.
         """
         for layer in self.layers:
-            layer.self_attn.pack(layout)
-            layer.mlp.pack(layout)
-        self.packed_head = None if self.config.tie_word_embeddings else PackedLinears([self.lm_head], layout)
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
         return self
 
     def num_parameters(self) -> int:
@@ -682,8 +651,7 @@ def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[s
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        # a fresh contiguous copy: packed weights are strided views of one shared matrix,
-        # and safetensors refuses both
+        # a fresh copy: fused projections are views of one shared matrix, which safetensors refuses
         tensors[name if name == "lm_head.weight" else "model." + name] = \
             t.detach().cpu().clone(memory_format=torch.contiguous_format)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

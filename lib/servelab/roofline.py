@@ -569,9 +569,9 @@ def _torch_dtype(name: str):
 def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp32", seed: int = 0):
     """A random-weight Llama-style decoder (servelab.model) for timing decode steps.
 
-    Its weights are packed for inference (``LlamaModel.pack_for_inference``), as
-    a serving engine would: Q/K/V and gate/up fused, every matrix input-major, so
-    a decode step streams its weights in a few long passes.
+    Its Q/K/V and gate/up projections are fused (``LlamaModel.fuse_projections``),
+    as in a serving engine: a decode step streams its weights in fewer, longer
+    matrix-vector products.
     """
     import torch
 
@@ -583,7 +583,7 @@ def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp3
     config = LlamaConfig(max_position_embeddings=4096, **shape)
     with torch.device("cpu"):
         model = LlamaModel(config).init_weights(seed=seed)
-    return model.to(_torch_dtype(dtype)).eval().pack_for_inference()
+    return model.to(_torch_dtype(dtype)).eval().fuse_projections()
 
 
 def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens: int = 32, repeats: int = 5,
@@ -592,16 +592,20 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
 
     The cache is filled with random keys and values (no prefill needed) and
     cropped back after every step, so each timed step is the same step.
+    ``GB_per_s`` counts the bytes a step really reads: every weight except the
+    embedding table (a step looks up one row of it; a tied table is read whole,
+    as the output head) plus the cached K and V.
     """
     import torch
 
     _check_tokens("context_tokens", context_tokens)
     params = sum(p.numel() for p in model.parameters())
     embed = model.embed_tokens.weight.numel()
-    matmul_params = params - embed + (embed if model.config.tie_word_embeddings else 0)
+    tied = model.config.tie_word_embeddings
+    matmul_params = params - embed + (embed if tied else 0)
     elem = next(model.parameters()).element_size()
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
-    weight_bytes = params * elem
+    weight_bytes_read = (params - (0 if tied else embed)) * elem
     rows = []
     g = torch.Generator().manual_seed(0)
     for batch in batches:
@@ -620,9 +624,9 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
         seconds = _median_seconds(step, repeats, statistic=statistic)
         kv_bytes = 2 * cache.k[:, :, :, :context_tokens + 1].numel() * elem
         ops = 2.0 * matmul_params * batch
-        rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes, ops=ops, batch=batch,
-                         tokens_per_s=batch / seconds, intensity=ops / (weight_bytes + kv_bytes),
-                         kv_bytes=kv_bytes, params=params))
+        rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes_read + kv_bytes, ops=ops,
+                         batch=batch, tokens_per_s=batch / seconds,
+                         intensity=ops / (weight_bytes_read + kv_bytes), kv_bytes=kv_bytes, params=params))
         del cache
         if progress:
             progress()

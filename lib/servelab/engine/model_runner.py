@@ -83,10 +83,8 @@ class _LayerWeights:
     down_bias: torch.Tensor | None
 
 
-def _cat_bias(*linears):
-    if linears[0].bias is None:
-        return None
-    return torch.cat([l.bias for l in linears]).detach()
+def _bias(linear):
+    return None if linear.bias is None else linear.bias.detach()
 
 
 class ModelRunner:
@@ -98,7 +96,8 @@ class ModelRunner:
     The forward pass uses the model's own weights and RoPE tables, with two
     standard serving tricks: the Q, K and V projections are fused into one
     matrix (one matmul instead of three), and so are the MLP's gate and up
-    projections. The fused copies are taken once, when the runner is built.
+    projections (``LlamaModel.fuse_projections``, done when the runner is built;
+    the model's own weights become views of the fused matrices, nothing is copied).
     Attention is replaced by the gather through block tables. The tests check
     the logits against the model's own forward pass.
     """
@@ -113,19 +112,17 @@ class ModelRunner:
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
         self.v_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
+        model.fuse_projections()  # views of one matrix each: no copy of the weights
         self.layers = []
-        with torch.no_grad():
-            for layer in model.layers:
-                a, m = layer.self_attn, layer.mlp
-                self.layers.append(_LayerWeights(
-                    input_norm=layer.input_layernorm.weight.detach(),
-                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
-                    qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
-                    o=a.o_proj.weight.detach(), o_bias=_cat_bias(a.o_proj),
-                    post_norm=layer.post_attention_layernorm.weight.detach(),
-                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
-                    gate_up_bias=_cat_bias(m.gate_proj, m.up_proj),
-                    down=m.down_proj.weight.detach(), down_bias=_cat_bias(m.down_proj)))
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(_LayerWeights(
+                input_norm=layer.input_layernorm.weight.detach(),
+                qkv=a.fused_qkv.weight, qkv_bias=a.fused_qkv.bias,
+                o=a.o_proj.weight.detach(), o_bias=_bias(a.o_proj),
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                gate_up=m.fused_gate_up.weight, gate_up_bias=m.fused_gate_up.bias,
+                down=m.down_proj.weight.detach(), down_bias=_bias(m.down_proj)))
         self.scale = cfg.head_dim ** -0.5
 
     @property
