@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from servelab.engine import EngineConfig, LLMEngine, ModelRunner, StaticBatchEngine
-from servelab.engine.workload import mixed_workload, percentile
+from servelab.engine.workload import expected_longest, mixed_workload, percentile
 from servelab.model import LlamaConfig, LlamaModel, save_pretrained
 from servelab.sampling import SamplingParams
 
@@ -195,11 +195,6 @@ def prefix_lab(model, preamble_len=1200, question_len=24, repeats=5):
 SEAT_SWEEP = (16, 32, 64)
 
 
-def harmonic(n: int) -> float:
-    """H_n = 1 + 1/2 + ... + 1/n: the expected longest of n exponential draws, in units of their mean."""
-    return sum(1 / k for k in range(1, n + 1))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -234,7 +229,7 @@ def main(argv=None):
         stat, _ = run_engine(StaticBatchEngine, model, workload, k, ample)
         print(stat, flush=True)
         results["seat_sweep"].append({
-            "seats": k, "continuous": cont, "static": stat, "expected_longest_over_mean": round(harmonic(k), 2),
+            "seats": k, "continuous": cont, "static": stat, "expected_longest_over_mean": round(expected_longest(k), 2),
             "continuous_vs_static": round(cont["tokens_per_s"] / stat["tokens_per_s"], 2),
             "continuous_vs_static_cpu": round(cont["tokens_per_cpu_s"] / stat["tokens_per_cpu_s"], 2)})
         if k == seats:
