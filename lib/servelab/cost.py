@@ -30,17 +30,18 @@ __all__ = [
     "SENSITIVITY_RANGES", "Sensitivity", "sensitivity", "plot_sensitivity",
 ]
 
-#: On-demand rental price per chip-hour in US dollars, from public price lists.
-#: Prices move; pass your own ``price_per_chip_hour`` for a current quote.
+#: On-demand rental price per chip-hour in US dollars, from a public price list.
+#: Prices move (and differ several-fold between clouds for the same chip); pass
+#: your own ``price_per_chip_hour`` for a current quote.
 CHIP_HOURLY_USD: dict[str, float] = {
-    "H100 SXM": 2.99,
-    "B200": 4.99,
+    "H100 SXM": 3.99,
+    "B200": 6.69,
 }
 PRICE_SOURCES: dict[str, str] = {
-    "H100 SXM": "Lambda on-demand cloud pricing, 8x NVIDIA H100 SXM instance, per GPU-hour "
-                "(https://lambda.ai/pricing, 2025)",
-    "B200": "Lambda on-demand cloud pricing, 8x NVIDIA B200 instance, per GPU-hour "
-            "(https://lambda.ai/pricing, 2025)",
+    "H100 SXM": "Lambda on-demand cloud, 8x NVIDIA H100 SXM instance, per GPU-hour "
+                "(https://lambda.ai/instances, as listed in September 2026)",
+    "B200": "Lambda on-demand cloud, 8x NVIDIA B200 SXM6 instance, per GPU-hour "
+            "(https://lambda.ai/instances, as listed in September 2026)",
 }
 
 #: The assumed number of people sharing a decode step (the seed's operating point).
