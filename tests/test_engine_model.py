@@ -205,3 +205,32 @@ def test_llm_loads_a_checkpoint_folder(tmp_path, model):
     assert llm.config.num_kv_blocks == min(64 * 256, LLM.DEFAULT_POOL_TOKENS) // 8
     out = llm.generate("abc", SamplingParams(temperature=0.0, max_tokens=4))[0]
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_logprobs_equal_generate_even_after_preemption(model, expected, n):
+    reqs, want = expected
+    eng = LLMEngine.from_model(model, block_size=4, num_kv_blocks=20, max_num_seqs=8)  # forces preemption
+    for i, (p, k) in enumerate(reqs):
+        eng.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=k, logprobs=n))
+    final = eng.run_to_completion()
+    assert eng.scheduler.num_preemptions > 0
+    for i, (p, k) in enumerate(reqs):
+        out = final[str(i)].outputs[0]
+        ref = generate(model, CharTokenizer(), p, sampling=SamplingParams(temperature=0.0, max_tokens=k, logprobs=n))
+        assert out.token_ids == ref.token_ids
+        assert len(out.logprobs) == len(out.token_ids)
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-9)
+        if n:
+            assert [[t for t, _ in alts] for alts in out.top_logprobs] == \
+                   [[t for t, _ in alts] for alts in ref.top_logprobs]
+            assert all(alts[0][0] == tok for alts, tok in zip(out.top_logprobs, out.token_ids))  # greedy
+        else:
+            assert out.top_logprobs is None
+
+
+def test_no_logprobs_unless_asked(model):
+    eng = LLMEngine.from_model(model, block_size=4, num_kv_blocks=50)
+    eng.add_request("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4))
+    out = eng.run_to_completion()["a"].outputs[0]
+    assert out.logprobs is None and out.top_logprobs is None

@@ -278,7 +278,9 @@ class LLMEngine:
         delta_ids = out_ids[seq.emitted_token_count:]
         seq.emitted_token_count = len(out_ids)
         completion = CompletionOutput(0, text[:safe] if not seq.is_finished else text,
-                                      list(out_ids), seq.finish_reason, seq.stop_reason)
+                                      list(out_ids), seq.finish_reason, seq.stop_reason,
+                                      None if seq.logprobs is None else list(seq.logprobs),
+                                      None if seq.top_logprobs is None else list(seq.top_logprobs))
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
                              finished=seq.is_finished, metrics=seq.metrics,
                              delta_text=delta_text, delta_token_ids=delta_ids)

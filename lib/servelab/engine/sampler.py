@@ -6,12 +6,17 @@ sampled on its own, by :func:`servelab.sampling.sample`, with its request's own
 random generator: that is what makes a seeded request reproducible whatever
 else shares its batch, because the random numbers it draws never depend on its
 neighbours.
+
+Rows whose request asked for ``logprobs`` also get the model's log-probability
+of the chosen token (and of its ``n`` best alternatives) recorded on their
+sequence: the raw model distribution, before temperature or filtering, as
+:func:`servelab.generation.generate` reports it.
 """
 from __future__ import annotations
 
 import torch
 
-from servelab.sampling import sample
+from servelab.sampling import logprobs, sample
 
 __all__ = ["Sampler"]
 
@@ -32,4 +37,18 @@ class Sampler:
                 continue
             gen = seq.generator if seq.generator is not None else self.generator
             out[i] = int(sample(logits[i], seq.sampling_params, gen))
+        self._record_logprobs(logits, seqs, out)
         return out
+
+    @staticmethod
+    def _record_logprobs(logits: torch.Tensor, seqs, tokens: list[int]) -> None:
+        rows = [i for i, s in enumerate(seqs) if getattr(s.sampling_params, "logprobs", None) is not None]
+        if not rows:
+            return
+        lp = logprobs(logits[rows])
+        for r, i in enumerate(rows):
+            seq, n = seqs[i], seqs[i].sampling_params.logprobs
+            seq.logprobs.append(float(lp[r, tokens[i]]))
+            if n:
+                values, ids = torch.topk(lp[r], min(n, lp.shape[-1]))
+                seq.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))

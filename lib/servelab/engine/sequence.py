@@ -82,6 +82,10 @@ class Sequence:
         self.cache_salt = cache_salt
         self.prefix_keys: list[bytes] = []  # chained block keys of the full blocks, grown lazily
         self.generator = generator  # torch.Generator for seeded sampling, or None
+        n = getattr(sampling_params, "logprobs", None)
+        # the model's log-probability of each output token, and the n best alternatives, if asked
+        self.logprobs: list[float] | None = [] if n is not None else None
+        self.top_logprobs: list[list[tuple[int, float]]] | None = [] if n else None
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.perf_counter())
@@ -130,6 +134,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None (not finished)
     stop_reason: int | str | None = None
+    logprobs: list[float] | None = None  # per output token, when SamplingParams.logprobs is set
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # (token id, logprob), best first
 
 
 @dataclass
