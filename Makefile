@@ -12,7 +12,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
 PYTEST_ARGS ?=
 
-.PHONY: setup book test lab browser clean-book lint-notebooks
+.PHONY: setup book test lab browser clean-book lint-notebooks bench
 
 setup: $(STAMP)
 
@@ -42,6 +42,14 @@ test: setup browser
 
 lab: setup
 	$(VENV)/bin/jupyter lab chapters
+
+# Every speed and memory claim, rerun (about 35 minutes, one thread); results land in
+# benchmarks/results/ beside the machine that made them. Re-execute the chapters that
+# read them afterwards (see benchmarks/README.md).
+bench: setup
+	$(PY) benchmarks/bench_bpe.py
+	$(PY) benchmarks/bench_roofline.py || echo "bench_roofline: a speed goal was missed (see benchmarks/results/roofline.md)"
+	$(PY) benchmarks/bench_engine.py
 
 clean-book:
 	rm -rf _build
