@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from servelab.attention import (
     apply_rope, attention_probs, causal_mask, mask_from_positions, naive_attention, repeat_kv,
-    rope_cos_sin, rope_inv_freq,
+    rope_cos_sin, rope_inv_freq, tiled_attention,
 )
 
 
@@ -99,3 +99,27 @@ def test_decode_step_attention_equals_last_row_of_prefill():
 def test_bad_head_ratio():
     with pytest.raises(ValueError, match="multiple"):
         naive_attention(torch.randn(1, 3, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(q_time=st.integers(1, 20), extra=st.integers(0, 20), block=st.integers(1, 9),
+       kv_heads=st.sampled_from([1, 2, 4]), causal=st.booleans(), seed=st.integers(0, 10_000))
+def test_tiled_attention_equals_naive(q_time, extra, block, kv_heads, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    kv_time = q_time + extra
+    q = torch.randn(2, 4, q_time, 8, generator=g) * 3  # large scores exercise the running max
+    k = torch.randn(2, kv_heads, kv_time, 8, generator=g)
+    v = torch.randn(2, kv_heads, kv_time, 8, generator=g)
+    want = naive_attention(q, k, v, causal=causal)
+    got = tiled_attention(q, k, v, causal=causal, block_size=block)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_tiled_attention_keeps_dtype_and_refuses_bad_input():
+    q = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16)
+    assert tiled_attention(q, q, q, block_size=3).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="block_size"):
+        tiled_attention(q, q, q, block_size=0)
+    with pytest.raises(ValueError, match="kv_time >= q_time"):
+        tiled_attention(q, q[:, :, :2], q[:, :, :2])

@@ -4,6 +4,8 @@ These are the small functions the decoder in :mod:`servelab.model` is built
 from. They are deliberately naive (one matrix of scores, one softmax) so that a
 reader can print every intermediate tensor; the model uses PyTorch's fused
 ``scaled_dot_product_attention`` for speed, and the tests check that both agree.
+:func:`tiled_attention` computes the same result one block of keys at a time
+with an online softmax, FlashAttention's arithmetic.
 
 Shapes follow the Hugging Face convention:
 queries ``[batch, n_heads, time, head_dim]``, keys and values
@@ -27,6 +29,7 @@ __all__ = [
     "attention_scores",
     "attention_probs",
     "naive_attention",
+    "tiled_attention",
 ]
 
 
@@ -201,9 +204,61 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Works for MHA (as many K/V heads as query heads), GQA (fewer) and MQA
     (one). Memory is ``q_time x kv_time`` per head, which is why real kernels
-    tile it; see the flash-attention chapter.
+    tile it: see :func:`tiled_attention`.
     Returns ``[batch, n_heads, q_time, head_dim]``.
     """
     k, v = _expand_for_queries(q, k, v)
     probs = attention_probs(q, k, mask=mask, causal=causal, scale=scale)
     return probs @ v
+
+
+# ---------------------------------------------------------------- tiled ("flash") attention
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    block_size: int = 64, scale: float | None = None) -> torch.Tensor:
+    """The same result as :func:`naive_attention`, one block of keys at a time.
+
+    FlashAttention's idea, in plain PyTorch: never hold the whole
+    ``q_time x kv_time`` score matrix. Walk over the keys in blocks and keep,
+    for every query row, three running values:
+
+    * ``m``: the largest score seen so far (for a numerically safe ``exp``),
+    * ``l``: the sum of ``exp(score - m)`` so far (the softmax denominator),
+    * ``acc``: the sum of ``exp(score - m) * value`` so far (the numerator).
+
+    When a block raises the maximum from ``m`` to ``m_new``, everything summed
+    so far is rescaled by ``exp(m - m_new)``; at the end ``acc / l`` is exactly
+    softmax(scores) @ v. Memory per head is ``q_time x block_size``. A real
+    kernel also keeps each block in on-chip SRAM, which is where its speed
+    comes from; here the point is the arithmetic.
+
+    As in :func:`naive_attention`, the queries are the last ``q_time`` of the
+    ``kv_time`` positions when ``causal``. Returns ``[batch, n_heads, q_time, head_dim]``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive number of keys, got {block_size}")
+    k, v = _expand_for_queries(q, k, v)
+    q_time, kv_time = q.shape[-2], k.shape[-2]
+    if causal and q_time > kv_time:
+        raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qf = q.float()
+    q_pos = torch.arange(kv_time - q_time, kv_time, device=q.device)[:, None]
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for start in range(0, kv_time, block_size):
+        kb, vb = k[..., start:start + block_size, :].float(), v[..., start:start + block_size, :].float()
+        scores = (qf @ kb.transpose(-1, -2)) * scale
+        if causal:
+            k_pos = torch.arange(start, start + kb.shape[-2], device=q.device)[None, :]
+            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+        # a row that has seen no visible key yet keeps m = -inf; shift it by 0 instead
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(scores - shift)
+        rescale = torch.exp(m - shift)
+        l = l * rescale + p.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + p @ vb
+        m = m_new
+    return (acc / l).to(q.dtype)
