@@ -112,3 +112,17 @@ def test_check_prints_and_never_raises(capsys):
     assert check("ex11_seats.q9", print) is False
     out = capsys.readouterr().out
     assert "✅ q1" in out and "function not defined" in out and "no question" in out
+
+
+def test_merging_partials_through_exp_m_overflows_and_fails_only_that_case():
+    import math
+
+    def through_exp_m(a, b):  # the textbook-looking merge that multiplies exp(m) back in
+        (m1, l1, x1), (m2, l2, x2) = a, b
+        m = max(m1, m2)
+        e1, e2 = (0.0 if mi == -math.inf else math.exp(mi) for mi in (m1, m2))
+        return m, (l1 * e1 + l2 * e2) / math.exp(m), [(u * e1 + w * e2) / math.exp(m) for u, w in zip(x1, x2)]
+
+    q4 = next(q for q in load_questions("ex05_attention") if q.id == "q4")
+    result = grade_question(q4, through_exp_m)
+    assert result.points == 0 and "1,000" in result.reason

@@ -1,7 +1,8 @@
-"""Exercise 5 · Attention: causal attention with RoPE. Hidden tests.
+"""Exercise 5 · Attention: causal attention with RoPE, and the online softmax. Hidden tests.
 
 Expected values of Q2 and Q3 come from :mod:`servelab.attention` (in float64);
-Q1's from the rotation formula written out directly.
+Q1's from the rotation formula written out directly; Q4's from the partial
+result of the union of the keys, computed directly (not by merging).
 """
 import math
 
@@ -99,4 +100,42 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+
+
+def _partial(q, keys, values):
+    """(m, l, acc) of one query over some keys, computed in one go in float64."""
+    q, keys, values = (np.asarray(a, dtype=np.float64) for a in (q, keys, values))
+    if len(keys) == 0:
+        return (float("-inf"), 0.0, [0.0] * values.shape[-1])
+    scores = keys @ q / math.sqrt(q.shape[0])
+    m = scores.max()
+    w = np.exp(scores - m)
+    return (float(m), float(w.sum()), (w @ values).tolist())
+
+
+def _merge_case(seed, n_a, n_b, d=4, scale=1.0, label=""):
+    rng = np.random.default_rng(seed)
+    q = (rng.normal(size=d) * scale).round(3)
+    keys = rng.normal(size=(n_a + n_b, d)).round(3)
+    values = rng.normal(size=(n_a + n_b, d)).round(3)
+    a = _partial(q, keys[:n_a], values[:n_a])
+    b = _partial(q, keys[n_a:], values[n_a:].reshape(n_b, d))
+    return Case(args=(a, b), expected=_partial(q, keys, values), **TOL, label=label)
+
+
+Q4 = Question(
+    id="q4", title="Merge two partial attention results (the online softmax)", function="merge_partials",
+    points=4, level="hard", minutes=15,
+    visible=[Case(args=((1.0, 1.0, [2.0, 0.0]), (1.0, 1.0, [0.0, 4.0])), expected=(1.0, 2.0, [2.0, 4.0]), **TOL,
+                  label="two blocks with the same maximum")],
+    hidden=[
+        _merge_case(20, 3, 5, label="3 keys + 5 keys"),
+        _merge_case(21, 6, 2, label="6 keys + 2 keys, the first block holds the maximum"),
+        _merge_case(22, 4, 4, scale=400.0, label="scores near 1,000 (no overflow: rescale, never exp(m))"),
+        _merge_case(23, 0, 5, label="an empty first block (-inf, 0, zeros)"),
+        _merge_case(24, 5, 0, label="an empty second block"),
+        _merge_case(25, 1, 1, d=8, label="one key each, the second holds the maximum, 8 dims"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
