@@ -5,21 +5,9 @@ library can never disagree.
 """
 from servelab import kvcache
 from servelab.grading import Case, Question
-from servelab.specs import get_model
+from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt
 
 GB = 1e9
-
-
-def _hf(name: str, drop: tuple[str, ...] = (), **changes) -> dict:
-    """A model's Hugging Face config.json as a plain dict (optionally without some keys)."""
-    d = get_model(name).with_(**changes).to_hf_dict()
-    for key in drop:
-        d.pop(key, None)
-    return d
-
-
-def _bpt(name: str, bytes_per_value: float, **changes) -> float:
-    return kvcache.kv_bytes_per_token(get_model(name).with_(**changes), {2: "bf16", 1: "fp8", 4: "fp32"}[bytes_per_value])
 
 
 # An MHA config that leaves num_key_value_heads out (transformers then uses

@@ -8,21 +8,9 @@ sliding-window helper, so Q2's come from the short reference below.
 import numpy as np
 import torch
 
-from servelab import kvcache, kvquant
+from servelab import kvquant
 from servelab.grading import Case, Question
-from servelab.specs import get_model
-
-
-def _hf(name: str, drop: tuple[str, ...] = (), **changes) -> dict:
-    """A model's Hugging Face config.json as a plain dict (optionally without some keys)."""
-    d = get_model(name).with_(**changes).to_hf_dict()
-    for key in drop:
-        d.pop(key, None)
-    return d
-
-
-def _bpt(name: str, bytes_per_value: float, **changes) -> float:
-    return kvcache.kv_bytes_per_token(get_model(name).with_(**changes), {2: "bf16", 1: "fp8", 4: "fp32"}[bytes_per_value])
+from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt
 
 
 # MHA written the way older configs do it (no num_key_value_heads, no head_dim),
