@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -42,14 +43,15 @@ def paired_ratios(first, second, pairs: int, samples: list | None = None) -> lis
     return out
 
 
-def matmul_share(model, rounds: int = 7) -> list[float]:
+def matmul_share(model, rounds: int = 7) -> tuple[list[float], list[tuple[int, int]], int]:
     """The decode step's matrices alone: every weight matrix the batch-1 step multiplies
     (fused Q/K/V, o, fused gate/up, down per layer, then the head), back to back with
     nothing in between, as a share of the large mat-vec's bandwidth (interleaved rounds).
 
     The gap between this and the whole step is the step's other work (norms, RoPE,
     attention, the cache, PyTorch's per-operation cost); the gap between this and 1.0 is
-    the matrices' own shapes: 65 separate products of 4 to 65 MB instead of one of 512 MB.
+    the matrices' own shapes: many separate products of a few MB instead of one of 512 MB.
+    Returns the shares, the matrices' shapes and the row length in bytes of the reference.
     """
     import torch.nn.functional as F
     mats = []
@@ -67,10 +69,11 @@ def matmul_share(model, rounds: int = 7) -> list[float]:
     shares = []
     with torch.inference_mode():
         for _ in range(rounds):
-            mv = rl.measure_bandwidth(512, repeats=3)[1]["GB_per_s"] * 1e9
+            reference = rl.measure_bandwidth(512, repeats=3)[1]
             seconds = rl._median_seconds(products, 3)
-            shares.append(nbytes / seconds / mv)
-    return shares
+            shares.append(nbytes / seconds / (reference["GB_per_s"] * 1e9))
+    reference_row_bytes = math.isqrt(int(reference["bytes"]) // 4) * 4
+    return shares, [tuple(w.shape) for w in mats], reference_row_bytes
 
 
 def main(argv=None) -> int:
@@ -94,7 +97,9 @@ def main(argv=None) -> int:
     matvec_bw = lambda: rl.measure_bandwidth(512, repeats=3, statistic=st)[1]["GB_per_s"]
     bandwidth_pairs: list = []
     share = paired_ratios(matvec_bw, decode_bw, args.pairs, bandwidth_pairs)
-    matmuls_alone = matmul_share(fp32)
+    matmuls_alone, step_matrices, reference_row_bytes = matmul_share(fp32)
+    sizes_mb = [r * c * 4 / 1e6 for r, c in step_matrices]
+    row_kb = sorted({c * 4 / 1e3 for _, c in step_matrices})
     del fp32
 
     # Goals 2 and 3: bf16 batching curve, interleaved pairs of batch 1 and batch 8 / 128.
@@ -135,9 +140,10 @@ def main(argv=None) -> int:
               f"in between reach {statistics.median(matmuls_alone):.2f} of the mat-vec bandwidth (median of "
               f"{len(matmuls_alone)} interleaved rounds: {[round(x, 2) for x in matmuls_alone]}), against "
               f"{statistics.median(share):.2f} for the whole step. The first gap is the matrices' shapes "
-              "(65 products of 4 to 65 MB with 1,024- or 2,816-wide rows, against one 512 MB product); the "
-              "second is the step's other work (norms, RoPE, attention, cache writes, PyTorch's cost per "
-              "operation).",
+              f"({len(step_matrices)} products of {min(sizes_mb):.0f} to {max(sizes_mb):.0f} MB with rows of "
+              f"{' or '.join(f'{k:.0f}' for k in row_kb)} KB, against one 512 MB product with "
+              f"{reference_row_bytes / 1e3:.0f} KB rows); the second is the step's other work (norms, RoPE, "
+              "attention, cache writes, PyTorch's cost per operation).",
               "", f"Paired samples: matvec share {[round(x, 3) for x in share]}, "
               f"bf16 step(8)/step(1) {[round(x, 3) for x in ratio8]}, "
               f"step(128)/step(1) {[round(x, 2) for x in ratio128]}", "",
@@ -148,6 +154,8 @@ def main(argv=None) -> int:
     data["goals"] = [{"goal": g[0], "measured": g[1], "op": g[2], "target": g[3]} for g in goals]
     data["goal1_pairs_GB_per_s"] = [{"matrix_vector": a, "decode": b} for a, b in bandwidth_pairs]
     data["goal1_matmuls_alone_share"] = matmuls_alone
+    data["goal1_step_matrices"] = [list(m) for m in step_matrices]   # [out, in] of each fp32 product
+    data["goal1_reference_row_bytes"] = reference_row_bytes
     (RESULTS / "roofline.json").write_text(json.dumps(data, indent=1))
     import matplotlib
     matplotlib.use("Agg")
