@@ -43,7 +43,7 @@ test: setup browser
 lab: setup
 	$(VENV)/bin/jupyter lab chapters
 
-# Every speed and memory claim, rerun (about 35 minutes, one thread); results land in
+# Every speed and memory claim, rerun (about half an hour, one thread); results land in
 # benchmarks/results/ beside the machine that made them. Re-execute the chapters that
 # read them afterwards (see benchmarks/README.md).
 bench: setup

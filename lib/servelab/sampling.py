@@ -187,10 +187,13 @@ def logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def top_logprobs(logits: torch.Tensor, n: int) -> list[tuple[int, float]]:
-    """The ``n`` most likely tokens of one ``[vocab]`` row as ``(token_id, logprob)``."""
+def top_logprobs(logits: torch.Tensor, n: int, *, normalized: bool = False) -> list[tuple[int, float]]:
+    """The ``n`` most likely tokens of one ``[vocab]`` row as ``(token_id, logprob)``.
+
+    ``normalized=True`` says the row already holds log-probabilities (skips the log-softmax).
+    """
     if logits.dim() != 1:
         raise ValueError(f"top_logprobs takes one row [vocab], got shape {tuple(logits.shape)}")
-    lp = logprobs(logits)
+    lp = logits.float() if normalized else logprobs(logits)
     values, ids = torch.topk(lp, min(n, lp.shape[-1]))
     return [(int(i), float(v)) for i, v in zip(ids, values)]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
+from servelab.attention import rotate_half
 from servelab.model import rms_norm
 from servelab.paged import PagedAttentionMetadata, paged_attention, write_kv
 
@@ -62,29 +63,7 @@ def prepare_step(out: SchedulerOutput) -> StepInput:
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE for rows laid out [T, heads, head_dim] with cos/sin [T, 1, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-@dataclass
-class _LayerWeights:
-    """One decoder layer's weights, with Q/K/V and gate/up fused into single matrices."""
-
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
-
-
-def _bias(linear):
-    return None if linear.bias is None else linear.bias.detach()
+    return x * cos + rotate_half(x) * sin
 
 
 class ModelRunner:
@@ -113,16 +92,6 @@ class ModelRunner:
         self.k_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
         self.v_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
         model.fuse_projections()  # views of one matrix each: no copy of the weights
-        self.layers = []
-        for layer in model.layers:
-            a, m = layer.self_attn, layer.mlp
-            self.layers.append(_LayerWeights(
-                input_norm=layer.input_layernorm.weight.detach(),
-                qkv=a.fused_qkv.weight, qkv_bias=a.fused_qkv.bias,
-                o=a.o_proj.weight.detach(), o_bias=_bias(a.o_proj),
-                post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=m.fused_gate_up.weight, gate_up_bias=m.fused_gate_up.bias,
-                down=m.down_proj.weight.detach(), down_bias=_bias(m.down_proj)))
         self.scale = cfg.head_dim ** -0.5
 
     @property
@@ -148,17 +117,17 @@ class ModelRunner:
         h = F.embedding(ids, model.embed_tokens.weight)             # [T, hidden]
         cos, sin = model.rotary(positions, h.dtype)                 # [T, head_dim]
         cos, sin = cos[:, None], sin[:, None]
-        for w, k_cache, v_cache in zip(self.layers, self.k_cache, self.v_cache):
-            qkv = F.linear(rms_norm(h, w.input_norm, eps), w.qkv, w.qkv_bias)
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+        for layer, k_cache, v_cache in zip(model.layers, self.k_cache, self.v_cache):
+            attn, mlp = layer.self_attn, layer.mlp
+            q, k, v = attn.fused_qkv(rms_norm(h, layer.input_layernorm.weight, eps))
             q = _rope(q.view(T, H, D), cos, sin)
             k = _rope(k.view(T, KVH, D), cos, sin)
             write_kv(k_cache, slots, k)
             write_kv(v_cache, slots, v.view(T, KVH, D))
             o = self._attention(q, k_cache, v_cache, meta)
-            h = h + F.linear(o.reshape(T, H * D), w.o, w.o_bias)
-            gate, up = F.linear(rms_norm(h, w.post_norm, eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+            h = h + attn.o_proj(o.reshape(T, H * D))
+            gate, up = mlp.fused_gate_up(rms_norm(h, layer.post_attention_layernorm.weight, eps))
+            h = h + mlp.down_proj(F.silu(gate) * up)
         rows = torch.as_tensor(step.sample_rows, dtype=torch.long)
         return model.logits(h[rows]).float()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from servelab.sampling import logprobs, sample
+from servelab.sampling import logprobs, sample, top_logprobs
 
 __all__ = ["Sampler"]
 
@@ -50,5 +50,4 @@ class Sampler:
             seq, n = seqs[i], seqs[i].sampling_params.logprobs
             seq.logprobs.append(float(lp[r, tokens[i]]))
             if n:
-                values, ids = torch.topk(lp[r], min(n, lp.shape[-1]))
-                seq.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
+                seq.top_logprobs.append(top_logprobs(lp[r], n, normalized=True))

@@ -5,7 +5,7 @@ library can never disagree.
 """
 from servelab import kvcache
 from servelab.grading import Case, Question
-from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt
+from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt, kv_case as _kv_case
 
 GB = 1e9
 
@@ -19,11 +19,10 @@ Q1 = Question(
     id="q1", title="KV bytes per token", function="kv_bytes_per_token", points=3, level="easy", minutes=5,
     visible=[Case(args=(_hf("Llama-3-8B"), 2), expected=131_072, label="Llama-3-8B config, 2 bytes")],
     hidden=[
-        Case(args=(_hf("Llama-3-70B"), 2), expected=_bpt("Llama-3-70B", 2), label="Llama-3-70B config, 2 bytes"),
-        Case(args=(_hf("Llama-3-8B"), 1), expected=_bpt("Llama-3-8B", 1), label="Llama-3-8B config, fp8"),
-        Case(args=(_hf("Qwen2.5-7B"), 2), expected=_bpt("Qwen2.5-7B", 2), label="Qwen2.5-7B config (GQA 7:1)"),
-        Case(args=(_hf("Llama-3-8B", num_key_value_heads=1), 2),
-             expected=_bpt("Llama-3-8B", 2, num_key_value_heads=1), label="an MQA config"),
+        _kv_case("Llama-3-70B", 2, "Llama-3-70B config, 2 bytes"),
+        _kv_case("Llama-3-8B", 1, "Llama-3-8B config, fp8"),
+        _kv_case("Qwen2.5-7B", 2, "Qwen2.5-7B config (GQA 7:1)"),
+        _kv_case("Llama-3-8B", 2, "an MQA config", num_key_value_heads=1),
         Case(args=(_MHA_IMPLICIT, 2), expected=_bpt("Llama-2-70B", 2, num_key_value_heads=64),
              label="MHA config without num_key_value_heads"),
         Case(args=(_WIDE_HEADS, 4), expected=32 * 2 * 1 * 256 * 4,

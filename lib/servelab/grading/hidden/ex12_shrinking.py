@@ -10,7 +10,7 @@ import torch
 
 from servelab import kvquant
 from servelab.grading import Case, Question
-from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt
+from servelab.grading.hidden._configs import hf_config as _hf, kv_bytes as _bpt, kv_case as _kv_case
 
 
 # MHA written the way older configs do it (no num_key_value_heads, no head_dim),
@@ -25,19 +25,15 @@ Q1 = Question(
     visible=[Case(args=(_hf("Llama-3-8B"), 2), expected=131_072, label="Llama-3-8B config, 2 bytes"),
              Case(args=(_hf("DeepSeek-V3"), 2), expected=70_272, label="DeepSeek-V3 config (MLA), 2 bytes")],
     hidden=[
-        Case(args=(_hf("Llama-3-70B"), 2), expected=_bpt("Llama-3-70B", 2), label="Llama-3-70B config (GQA 8:1)"),
-        Case(args=(_hf("Llama-3-8B"), 1), expected=_bpt("Llama-3-8B", 1), label="Llama-3-8B config, fp8"),
-        Case(args=(_hf("Llama-3-8B", num_key_value_heads=1), 2),
-             expected=_bpt("Llama-3-8B", 2, num_key_value_heads=1), label="an MQA config (1 KV head)"),
+        _kv_case("Llama-3-70B", 2, "Llama-3-70B config (GQA 8:1)"),
+        _kv_case("Llama-3-8B", 1, "Llama-3-8B config, fp8"),
+        _kv_case("Llama-3-8B", 2, "an MQA config (1 KV head)", num_key_value_heads=1),
         Case(args=(_MHA_IMPLICIT, 2), expected=_bpt("Llama-2-70B", 2, num_key_value_heads=64),
              label="MHA config without num_key_value_heads or head_dim"),
-        Case(args=(_hf("DeepSeek-V3"), 1), expected=_bpt("DeepSeek-V3", 1),
-             label="DeepSeek-V3 (MLA) in fp8: no factor of 2, heads ignored"),
-        Case(args=(_hf("DeepSeek-V3", **_MLA_SMALL), 2), expected=_bpt("DeepSeek-V3", 2, **_MLA_SMALL),
-             label="an MLA config with 27 layers"),
-        Case(args=(_hf("DeepSeek-V3", **_MLA_NARROW), 4), expected=_bpt("DeepSeek-V3", 4, **_MLA_NARROW),
-             label="MLA with kv_lora_rank=256, qk_rope_head_dim=32, fp32"),
-        Case(args=(_hf("GPT-3-175B"), 2), expected=_bpt("GPT-3-175B", 2), label="GPT-3 175B config (MHA)"),
+        _kv_case("DeepSeek-V3", 1, "DeepSeek-V3 (MLA) in fp8: no factor of 2, heads ignored"),
+        _kv_case("DeepSeek-V3", 2, "an MLA config with 27 layers", **_MLA_SMALL),
+        _kv_case("DeepSeek-V3", 4, "MLA with kv_lora_rank=256, qk_rope_head_dim=32, fp32", **_MLA_NARROW),
+        _kv_case("GPT-3-175B", 2, "GPT-3 175B config (MHA)"),
     ],
 )
 
