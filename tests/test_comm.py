@@ -1,0 +1,112 @@
+"""servelab.comm: the link registry, the alpha-beta model and the running example's bill."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from servelab import comm
+from servelab.specs import get_model
+
+
+def test_running_example_bill_reproduces_the_guides_figures():
+    nv = comm.tensor_parallel_bill("Example-200B", 128, "NVLink H100", latency_s=0)
+    assert nv.message_bytes == 128 * 12_288 * 2 == 3_145_728          # "about 3 MB"
+    assert nv.count == 160                                              # 2 x 80 layers
+    assert 490e6 < nv.total_bytes < 510e6                               # "around 500 MB"
+    assert 0.5e-3 < nv.seconds < 0.6e-3                                 # "about half a millisecond"
+    net = comm.tensor_parallel_bill("Example-200B", 128, "400G network", latency_s=0)
+    assert 9.5e-3 < net.seconds < 10.5e-3                               # "about ten milliseconds"
+    assert net.seconds / nv.seconds == pytest.approx(900 / 50)
+
+
+def test_latency_adds_per_exchange_and_is_reported():
+    bill = comm.tensor_parallel_bill("Example-200B", 128, "NVLink H100")
+    no_alpha = comm.tensor_parallel_bill("Example-200B", 128, "NVLink H100", latency_s=0)
+    assert bill.seconds == pytest.approx(no_alpha.seconds + 160 * comm.NVLINK_LATENCY_S)
+    assert bill.latency_share == pytest.approx(160 * comm.NVLINK_LATENCY_S / bill.seconds)
+    assert no_alpha.latency_share == 0
+
+
+def test_ring_all_reduce_formula():
+    link = comm.Link("test", bandwidth=100.0, latency_s=1.0)
+    # p = 4: 6 steps of alpha, 2 * 3/4 of the bytes
+    assert comm.allreduce_seconds(400, link, 4, "ring") == pytest.approx(6 * 1.0 + 1.5 * 400 / 100)
+    assert comm.allreduce_seconds(400, link, 4, "simple") == pytest.approx(1.0 + 4.0)
+    assert comm.allreduce_seconds(400, link, 1, "ring") == 0.0
+    # large p: the ring moves close to twice the message
+    big = comm.allreduce_seconds(1e9, link, 1000, "ring", latency_s=0)
+    assert big / comm.allreduce_seconds(1e9, link, 1000, "simple", latency_s=0) == pytest.approx(2, rel=1e-2)
+
+
+def test_all_to_all_formula():
+    link = comm.Link("test", bandwidth=10.0, latency_s=0.5)
+    assert comm.all_to_all_seconds(100, link, 5) == pytest.approx(4 * 0.5 + 0.8 * 100 / 10)
+    assert comm.all_to_all_seconds(100, link, 1) == 0.0
+
+
+def test_links_have_sources_and_domains():
+    for link in comm.LINKS.values():
+        assert link.source.startswith("NVIDIA") and "http" in link.source, link.name
+    nvl72 = comm.get_link("gb200 nvl72")
+    assert nvl72.chips == 72 and nvl72.aggregate_bandwidth == pytest.approx(130e12)
+    # 72 x 1.8 TB/s = 129.6 TB/s: the per-GPU and combined figures agree
+    assert nvl72.chips * nvl72.bandwidth == pytest.approx(nvl72.aggregate_bandwidth, rel=0.01)
+    hgx = comm.get_link("HGX H100 8-GPU")
+    assert hgx.chips * hgx.bandwidth == pytest.approx(hgx.aggregate_bandwidth)
+    assert comm.get_link("400G network").bandwidth == 400e9 / 8   # bits -> bytes
+    with pytest.raises(ValueError, match="known links"):
+        comm.get_link("carrier pigeon")
+    assert comm.get_link(nvl72) is nvl72
+
+
+@pytest.mark.parametrize("call", [
+    lambda: comm.allreduce_message_bytes(0, 10),
+    lambda: comm.allreduce_message_bytes(10, 10, 0),
+    lambda: comm.allreduces_per_step(0),
+    lambda: comm.allreduce_seconds(-1, "NVLink H100"),
+    lambda: comm.allreduce_seconds(1, "NVLink H100", 0),
+    lambda: comm.allreduce_seconds(1, "NVLink H100", 8, "tree"),
+    lambda: comm.bubble_fraction(0, 4),
+    lambda: comm.bubble_fraction(4, 0),
+    lambda: comm.bubble_fraction(2.5, 4),
+    lambda: comm.weight_bytes_per_chip(1e9, 4, "expert"),
+    lambda: comm.Link("bad", bandwidth=0, latency_s=0),
+    lambda: comm.Link("bad", bandwidth=1, latency_s=-1),
+])
+def test_bad_input_raises_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_bubble_fraction():
+    assert comm.bubble_fraction(1, 7) == 0
+    assert comm.bubble_fraction(4, 1) == pytest.approx(3 / 4)
+    assert comm.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert comm.pipeline_span(4, 8, 0.01) == pytest.approx(0.11)
+    # the bubble shrinks towards zero as micro-batches grow
+    assert comm.bubble_fraction(8, 1000) < 0.01
+
+
+def test_tensor_divides_the_bytes_read_in_series_pipeline_does_not():
+    t = comm.weight_bytes_per_chip(200e9, 8, "tensor")
+    p = comm.weight_bytes_per_chip(200e9, 8, "pipeline")
+    assert t["stored"] == p["stored"] == 25e9
+    assert t["read_in_series"] == 25e9 and p["read_in_series"] == 200e9
+
+
+def test_internet_leg_is_a_few_kilobytes():
+    assert 1_000 < comm.text_bytes(1000) < 10_000
+
+
+def test_bill_accepts_hf_dicts():
+    cfg = get_model("Llama-3-70B").to_hf_dict()
+    bill = comm.tensor_parallel_bill(cfg, 1)
+    assert bill.count == 160 and bill.message_bytes == 8192 * 2
+    assert math.isclose(bill.as_dict()["total_bytes"], bill.total_bytes)
+
+
+def test_comm_does_not_import_torch():
+    out = subprocess.run([sys.executable, "-c", "import sys, servelab.comm; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
