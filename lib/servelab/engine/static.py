@@ -1,22 +1,34 @@
-"""The static-batching baseline: fixed waves that wait for their longest member.
+"""The static-batching baselines: fixed waves that wait for their longest member.
 
 This is how batched ``generate`` works in a training-style library, and how
 early servers worked:
 
 1. Take up to ``max_num_seqs`` waiting requests: a **wave**. Reserve, for every
    member, room for the longest prompt plus the largest ``max_tokens`` in the
-   wave (the padded rectangle a batched tensor would occupy).
-2. Prefill all prompts in one step, then decode every member every step.
-3. A member that finishes early keeps its seat: it is fed a padding token each
-   step (real compute, thrown away) until the **last** member finishes.
-4. Only then does the next wave start. Requests arriving meanwhile wait.
+   wave (the padded rectangle a batched tensor would occupy). A wave whose
+   rectangle would not fit in the pool is cut short.
+2. Prefill all prompts in one step (no token budget, no chunking), then decode
+   every unfinished member every step.
+3. Only when the **last** member finishes does the next wave start. Requests
+   arriving meanwhile wait, and so does every seat whose member finished early.
 
-It reuses the continuous engine's model runner, sampler and stop rules, so a
-benchmark between the two measures the scheduling policy and nothing else.
-Prompts are padded to the wave's longest, as in a batched tensor: each short
-prompt's pad rows are computed after it, in slots of its own reservation that
-its decode steps overwrite before reading them, so the padding costs compute
-but never changes an answer.
+Two variants, the same waves (same members, same reservations, same steps):
+
+* ``padded=True`` (default) computes what one batched tensor computes, as
+  ``transformers``' ``generate`` does: every prompt is padded to the wave's
+  longest, and a member that finished early keeps its row, fed a padding token
+  each step (real compute, thrown away) until the wave ends.
+* ``padded=False`` (*ragged*) computes only useful rows: each prompt at its own
+  length, and a finished member leaves the compute at once. Against the
+  continuous engine only the waiting differs (and that continuous batching
+  splits long prefills into chunks under its token budget).
+
+Both go through the continuous engine's own step preparation
+(:func:`servelab.engine.model_runner.prepare_step`), model runner, sampler and
+stop rules. Padding rows are described to ``prepare_step`` as rows of the
+member they pad: they sit after its real tokens, in slots of its own
+reservation that its decode steps overwrite before any query reads them, so
+they cost compute but never change an answer.
 """
 from __future__ import annotations
 
@@ -25,28 +37,61 @@ from collections import deque
 
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import LLMEngine, StepStats
-from servelab.engine.model_runner import StepInput
+from servelab.engine.model_runner import prepare_step
+from servelab.engine.scheduler import ScheduledSequence, SchedulerOutput
 from servelab.engine.sequence import Sequence, SequenceStatus
 from servelab.paged import KVCacheManager
 
-__all__ = ["StaticScheduler", "StaticBatchEngine"]
+__all__ = ["StaticScheduler", "StaticBatchEngine", "PAD_TOKEN"]
 
 PAD_TOKEN = 0
 
 
-class StaticScheduler:
-    """Waves instead of a running set. Same ``add``/``finish`` interface as the
-    continuous scheduler, so the engine's stop logic works unchanged."""
+class _PadIds:
+    """Token ids that are all ``PAD_TOKEN``, at any position."""
 
-    def __init__(self, config: EngineConfig):
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [PAD_TOKEN] * len(range(*key.indices(1 << 62)))
+        return PAD_TOKEN
+
+
+class _PadRows:
+    """``n`` padding rows of one wave member from position ``start``, shaped like a
+    sequence for ``prepare_step``: the member's block table, ids that are all padding."""
+
+    def __init__(self, seq: Sequence, start: int, n: int):
+        self.seq = seq
+        self.token_ids = _PadIds()
+        self.num_computed_tokens = start
+        self.num_tokens = start + n
+        self.block_table = seq.block_table
+
+    def __getattr__(self, name):  # anything else (ids, lengths, salt) is the member's
+        return getattr(self.seq, name)
+
+
+def _is_padding(s: ScheduledSequence) -> bool:
+    return isinstance(s.seq, _PadRows)
+
+
+class StaticScheduler:
+    """Waves instead of a running set. Same ``add``/``schedule``/``commit``/``finish``
+    interface as the continuous scheduler, so the engine's stop logic works unchanged."""
+
+    def __init__(self, config: EngineConfig, padded: bool = True):
+        if not isinstance(padded, bool):
+            raise TypeError(f"padded must be True or False, got {padded!r}")
         self.config = config
+        self.padded = padded
         self.kv = KVCacheManager(config.num_kv_blocks, config.block_size, enable_prefix_caching=False)
         self.waiting: deque[Sequence] = deque()
         self.wave: list[Sequence] = []
         self.prefilled = False
-        self.padding_positions: dict[str, int] = {}
-        self.num_padding_tokens = 0  # decode rows computed for finished members
-        self.num_prompt_padding_tokens = 0  # prefill rows computed to pad short prompts
+        self.num_waves = 0
+        self._pad_position: dict[str, int] = {}
+        self.num_padding_tokens = 0  # decode rows computed for finished members (padded only)
+        self.num_prompt_padding_tokens = 0  # prefill rows computed to pad short prompts (padded only)
         self.num_preemptions = 0
 
     @property
@@ -82,6 +127,47 @@ class StaticScheduler:
             s.metrics.first_scheduled_time = now
         self.wave = members
         self.prefilled = False
+        self.num_waves += 1
+
+    def schedule(self) -> SchedulerOutput:
+        """The rows of this step: a whole prefill, or one decode row per seat."""
+        out = SchedulerOutput()
+        if not self.wave:
+            if not self.waiting:
+                return out
+            self.start_wave()
+        if not self.prefilled:
+            longest = max(s.num_prompt_tokens for s in self.wave)
+            for s in self.wave:
+                out.scheduled.append(ScheduledSequence(s, s.num_tokens - s.num_computed_tokens))
+            if self.padded:
+                for s in self.wave:
+                    pad = longest - s.num_prompt_tokens
+                    if pad > 0:  # the row's padding: computed, no token sampled from it
+                        rows = ScheduledSequence(_PadRows(s, s.num_prompt_tokens, pad), pad)
+                        rows.samples = False
+                        out.scheduled.append(rows)
+                        self.num_prompt_padding_tokens += pad
+            return out
+        for s in self.wave:
+            if not s.is_finished:
+                out.scheduled.append(ScheduledSequence(s, s.num_tokens - s.num_computed_tokens))
+            elif self.padded:  # a finished row of the tensor: computed, its logits thrown away
+                start = min(self._pad_position[s.request_id], s.block_table.capacity - 1)
+                self._pad_position[s.request_id] = start + 1
+                out.scheduled.append(ScheduledSequence(_PadRows(s, start, 1), 1))
+                self.num_padding_tokens += 1
+        return out
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """The runner wrote K/V for every scheduled row: advance the real members."""
+        self.prefilled = True
+        for s in out.scheduled:
+            if _is_padding(s):
+                continue
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            self.kv.commit(seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.cache_salt)
 
     def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         if seq.is_finished:
@@ -92,95 +178,59 @@ class StaticScheduler:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
         seq.metrics.finished_time = time.perf_counter()
-        self.padding_positions[seq.request_id] = seq.num_tokens - 1
-        if self.wave and all(s.is_finished for s in self.wave):
+        # its last token was sampled but never fed: padding rows start there
+        self._pad_position[seq.request_id] = max(seq.num_tokens - 1, 0)
+        if seq not in self.wave:  # aborted while waiting
+            self.kv.free(seq.block_table)
+        elif all(s.is_finished for s in self.wave):
             for s in self.wave:
                 self.kv.free(s.block_table)
             self.wave = []
-            self.padding_positions.clear()
+            self._pad_position.clear()
 
     def kv_usage(self):
         return self.kv.usage(s.block_table for s in self.wave)
 
 
 class StaticBatchEngine(LLMEngine):
-    """Same API as :class:`LLMEngine` (add_request / step / run_to_completion)."""
+    """Same API as :class:`LLMEngine` (add_request / step / run_to_completion).
 
-    def __init__(self, runner, config: EngineConfig | None = None, tokenizer=None,
-                 eos_token_ids=(), seed: int = 0, keep_step_log: bool = True):
-        super().__init__(runner, config, tokenizer, eos_token_ids, seed, keep_step_log)
-        self.scheduler = StaticScheduler(self.config)
+    ``padded=True`` (default): a batched tensor's compute (prompts padded to the
+    wave's longest, finished members kept as padding rows). ``padded=False``:
+    the same waves, ragged (only useful rows computed).
+    """
+
+    def __init__(self, runner, config: EngineConfig | None = None, *args, padded: bool = True, **kwargs):
+        super().__init__(runner, config, *args, **kwargs)
+        self.scheduler = StaticScheduler(self.config, padded=padded)
+
+    @property
+    def padded(self) -> bool:
+        return self.scheduler.padded
 
     def step(self):
         t0 = time.perf_counter()
         sched = self.scheduler
-        if not sched.wave:
-            if not sched.waiting:
-                return []
-            sched.start_wave()
-        wave = sched.wave
-        step = StepInput([], [], [], [], [], [], [])
-        active = []
-        for s in wave:
-            if not sched.prefilled:
-                start, ids = 0, s.token_ids
-            elif s.is_finished:  # a padding row: computed, then thrown away
-                start = sched.padding_positions[s.request_id] + 1
-                if start >= s.block_table.capacity:
-                    start = s.block_table.capacity - 1  # keep writing the last reserved slot
-                sched.padding_positions[s.request_id] = start
-                ids = None
-                sched.num_padding_tokens += 1
-            else:
-                start, ids = s.num_computed_tokens, s.token_ids
-            n = len(ids) - start if ids is not None else 1
-            step.input_ids.extend(ids[start:] if ids is not None else [PAD_TOKEN])
-            step.positions.extend(range(start, start + n))
-            step.slot_mapping.extend(s.block_table.slots(start, start + n))
-            step.query_lens.append(n)
-            step.context_lens.append(start + n)
-            step.block_tables.append(list(s.block_table.block_ids))
-            step.sample_rows.append(len(step.input_ids) - 1)
-            if not s.is_finished:
-                active.append((len(step.sample_rows) - 1, s, n))
-        if not sched.prefilled:
-            self._pad_prompts(step, wave)
+        plan = sched.schedule()
+        if plan.is_empty:
+            return []
+        rows = len(sched.wave) if sched.padded else len(sched.running)  # before anyone finishes
+        step = prepare_step(plan)
         logits = self.runner.execute(step)
-        sched.prefilled = True
-        for _, s, n in active:
-            s.num_computed_tokens += n
-            s.block_table.num_tokens = s.num_computed_tokens
-        seqs = [s for _, s, _ in active]
-        tokens = self.sampler(logits[[row for row, _, _ in active]], seqs) if active else []
+        sched.commit(plan)
+        sampled = [s for s in plan.scheduled if s.samples]
+        keep = [i for i, s in enumerate(sampled) if not _is_padding(s)]
+        seqs = [sampled[i].seq for i in keep]
+        tokens = self.sampler(logits[keep], seqs) if seqs else []
         now = time.perf_counter()
         outputs = [self._append_token(s, t, now) for s, t in zip(seqs, tokens)]
         self.num_steps += 1
         if self.keep_step_log:
-            prefill = sum(n for _, _, n in active if n > 1)
-            self.step_log.append(StepStats(
-                num_seqs=len(wave), num_batched_tokens=step.num_tokens, num_prefill_tokens=prefill,
-                num_decodes=len(wave) - sum(1 for _, _, n in active if n > 1), num_preempted=0,
-                num_waiting=len(sched.waiting), kv_blocks_used=sched.kv.allocator.num_used,
+            real = [s for s in plan.scheduled if not _is_padding(s)]
+            decodes = sum(1 for s in real if s.num_new_tokens == 1 and s.start >= s.seq.num_prompt_tokens)
+            self.step_log.append(StepStats(  # num_seqs: rows of the batch (padded: every seat)
+                num_seqs=rows, num_batched_tokens=step.num_tokens,
+                num_prefill_tokens=sum(s.num_new_tokens for s in real) - decodes, num_decodes=decodes,
+                num_preempted=0, num_waiting=len(sched.waiting), kv_blocks_used=sched.kv.allocator.num_used,
                 duration=now - t0))
         return outputs
-
-    def _pad_prompts(self, step: StepInput, wave: list[Sequence]) -> None:
-        """Add the pad rows that bring every prompt up to the wave's longest.
-
-        They sit right after the real prompt (positions len..longest-1), in slots the
-        member reserved anyway; its first decode steps overwrite them before any query
-        can attend to them, so they cost compute without changing outputs.
-        """
-        longest = max(s.num_prompt_tokens for s in wave)
-        for s in wave:
-            start, pad = s.num_prompt_tokens, longest - s.num_prompt_tokens
-            if pad <= 0:
-                continue
-            step.input_ids.extend([PAD_TOKEN] * pad)
-            step.positions.extend(range(start, longest))
-            step.slot_mapping.extend(s.block_table.slots(start, longest))
-            step.query_lens.append(pad)
-            step.context_lens.append(longest)
-            step.block_tables.append(list(s.block_table.block_ids))
-            step.sample_rows.append(len(step.input_ids) - 1)
-            self.scheduler.num_prompt_padding_tokens += pad
