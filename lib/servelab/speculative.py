@@ -1,0 +1,397 @@
+"""Speculative decoding: a cheap guesser drafts k tokens, the big model checks them in one pass.
+
+A decode step of a big model is bound by reading its weights, so scoring k + 1
+positions in one pass costs about as much as scoring one. If a cheap
+*proposer* guesses the next k tokens, the target model scores all of them at
+once and keeps the longest prefix it agrees with, plus one token of its own.
+
+Two proposers, configured with vLLM's names::
+
+    {"model": "data/models/servelab-draft", "num_speculative_tokens": 4}
+    {"method": "ngram", "num_speculative_tokens": 4,
+     "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+The acceptance rule (Leviathan et al. 2023; Chen et al. 2023) keeps the output
+distribution *exactly* the target's: accept draft token x with probability
+min(1, p(x) / q(x)); on the first rejection, sample from the residual
+max(0, p - q) renormalised and stop; if all k are accepted, sample a bonus
+token from the target's next row. Greedy decoding is the special case where p
+and q are one-hot: accept while the draft equals the target's argmax.
+
+This module holds the pure rule, the expected-speedup formula, the two
+proposers, and :func:`speculative_generate`, the batch-of-one reference loop
+over contiguous caches (the engine runs the same rule per sequence).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+__all__ = [
+    "SpeculativeConfig",
+    "expected_tokens_per_pass",
+    "expected_speedup",
+    "best_num_speculative_tokens",
+    "accept_tokens",
+    "NgramProposer",
+    "DraftModelProposer",
+    "SpecStats",
+    "SpecResult",
+    "speculative_generate",
+]
+
+_METHODS = ("draft_model", "ngram")
+
+
+# ---------------------------------------------------------------- the config
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's ``speculative_config``: which proposer, and how many tokens it drafts.
+
+    ``method`` is ``"draft_model"`` (needs ``model``, a checkpoint folder or a
+    :class:`servelab.model.LlamaModel` with the target's vocabulary) or
+    ``"ngram"`` (prompt lookup: no model). A dict with a ``"model"`` key and no
+    ``"method"`` means a draft model, as in vLLM.
+    """
+
+    num_speculative_tokens: int
+    method: str = "draft_model"
+    model: object = None
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+
+    def __post_init__(self):
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if self.method not in _METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; use one of {_METHODS} "
+                             f"(or give 'model' for a draft model)")
+        if self.method == "draft_model" and self.model is None:
+            raise ValueError("a draft-model config needs 'model': a checkpoint folder or a LlamaModel")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if self.method == "ngram" and not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo} and {hi}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpeculativeConfig":
+        if isinstance(d, cls):
+            return d
+        if not isinstance(d, dict):
+            raise TypeError(f"speculative_config must be a dict, got {type(d).__name__}")
+        known = {"model", "method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {sorted(unknown)}; known: {sorted(known)}")
+        if "num_speculative_tokens" not in d:
+            raise ValueError("speculative_config needs 'num_speculative_tokens' (how many tokens to draft)")
+        d = dict(d)
+        method = d.pop("method", None)
+        if method in (None, "draft_model", "draft"):
+            method = "draft_model" if d.get("model") is not None or method else None
+        if method is None:
+            raise ValueError("speculative_config needs 'model' (a draft model) or 'method': 'ngram'")
+        return cls(method=method, **d)
+
+    def build_proposer(self, target=None):
+        """The proposer this config describes (loads the draft checkpoint if a path)."""
+        if self.method == "ngram":
+            return NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)
+        draft = self.model
+        if isinstance(draft, (str, Path)):
+            from servelab.model import load_pretrained
+            dtype = next(target.parameters()).dtype if target is not None else "float32"
+            draft = load_pretrained(draft, dtype=dtype)
+        if target is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size} ids) differs from "
+                             f"the target's ({target.config.vocab_size}); a draft must share the "
+                             f"target's tokenizer")
+        return DraftModelProposer(draft)
+
+
+# ---------------------------------------------------------------- the formula
+
+def _check_rate(a: float) -> None:
+    if not 0 <= a <= 1:
+        raise ValueError(f"acceptance rate must be in [0, 1], got {a}")
+
+
+def expected_tokens_per_pass(a: float, k: int) -> float:
+    """Tokens emitted per target pass when each draft token is accepted with
+    probability ``a`` independently: 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a).
+
+    The ``1`` is the token the target always adds (the correction, or the bonus
+    after k accepted drafts).
+    """
+    _check_rate(a)
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if a == 1:
+        return float(k + 1)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def expected_speedup(a: float, k: int, c: float) -> float:
+    """Speed-up over plain decoding when a draft step costs ``c`` target steps.
+
+    One round costs k draft steps and one target pass (taken as one target
+    step: the pass is memory-bound, so k + 1 rows cost about one row), and
+    emits ``expected_tokens_per_pass(a, k)`` tokens: speed-up = E / (k c + 1).
+    """
+    if c < 0:
+        raise ValueError(f"draft cost c must be >= 0 (in target steps), got {c}")
+    return expected_tokens_per_pass(a, k) / (k * c + 1)
+
+
+def best_num_speculative_tokens(a: float, c: float, k_max: int = 16) -> int:
+    """The k in 1..k_max with the highest expected speed-up (smallest on ties)."""
+    if k_max < 1:
+        raise ValueError(f"k_max must be >= 1, got {k_max}")
+    return max(range(1, k_max + 1), key=lambda k: (expected_speedup(a, k, c), -k))
+
+
+# ---------------------------------------------------------------- the rule
+
+def accept_tokens(draft_tokens: Sequence[int], target_probs, draft_probs=None, generator=None) -> list[int]:
+    """The exact acceptance rule for one sequence; returns the tokens to emit.
+
+    ``target_probs``: ``[k + 1, vocab]`` -- the target's sampling distribution
+    at each drafted position and one past the last. ``draft_probs``:
+    ``[k, vocab]``, the distribution each draft token was drawn from, or
+    ``None`` for a deterministic proposer (prompt lookup: q is one-hot on the
+    proposal). Emits the accepted drafts, then either a token from the
+    residual at the first rejection or a bonus token from the last row:
+    between 1 and k + 1 tokens.
+    """
+    import torch
+    k = len(draft_tokens)
+    if target_probs.shape[0] != k + 1:
+        raise ValueError(f"need k + 1 = {k + 1} target rows for {k} draft tokens, got {target_probs.shape[0]}")
+    if draft_probs is not None and draft_probs.shape[0] != k:
+        raise ValueError(f"need one draft row per draft token ({k}), got {draft_probs.shape[0]}")
+    out: list[int] = []
+    for i, x in enumerate(draft_tokens):
+        p = target_probs[i]
+        px = float(p[x])
+        qx = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        if qx <= 0:
+            raise ValueError(f"draft token {x} at position {i} has draft probability 0: "
+                             f"it cannot have been drawn from those probabilities")
+        if px >= qx or float(torch.rand((), generator=generator)) < px / qx:
+            out.append(int(x))
+            continue
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[x] = 1.0
+        else:
+            q = draft_probs[i]
+        residual = (p - q).clamp_min(0)
+        total = float(residual.sum())
+        # rounding can leave nothing when p == q; then p itself is the residual's limit
+        row = residual / total if total > 0 else p
+        out.append(int(torch.multinomial(row, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(target_probs[k], 1, generator=generator)))
+    return out
+
+
+# ---------------------------------------------------------------- proposers
+
+class NgramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the text's last n
+    tokens (n from ``max_n`` down to ``min_n``) and propose what followed it.
+
+    No model and no cost beyond a scan; it pays when the answer repeats its
+    input (editing code, quoting a document). Proposes nothing when no n-gram matches.
+    """
+
+    deterministic = True
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got {min_n} and {max_n}")
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, token_ids: Sequence[int], k: int, params=None, generator=None):
+        ids = list(token_ids)
+        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
+            tail = ids[-n:]
+            for start in range(len(ids) - n - 1, -1, -1):  # latest match first
+                if ids[start:start + n] == tail:
+                    follow = ids[start + n:start + n + k]
+                    if follow:
+                        return follow, None
+        return [], None
+
+    def reset(self) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A small model with the target's tokenizer drafts k tokens, one pass each.
+
+    It keeps its own contiguous cache and the ids it covers; a call with a
+    context that diverges from them (rejected drafts) crops the cache back to
+    the common prefix, so rollback costs nothing but the crop.
+    """
+
+    deterministic = False
+
+    def __init__(self, model, max_len: int | None = None):
+        self.model = model.eval()
+        self.max_len = max_len or model.config.max_position_embeddings
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.model.new_cache(1, self.max_len)
+        self.cached_ids: list[int] = []
+
+    def propose(self, token_ids: Sequence[int], k: int, params=None, generator=None):
+        import torch
+        from servelab.sampling import SamplingParams, sample, sampling_probs
+        params = params or SamplingParams(temperature=0.0)
+        ids = list(token_ids)
+        k = min(k, self.max_len - len(ids))
+        if k <= 0:
+            return [], None
+        common = 0
+        for a, b in zip(self.cached_ids, ids[:-1]):
+            if a != b:
+                break
+            common += 1
+        self.cache.crop(common)
+        self.cached_ids = self.cached_ids[:common]
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            feed = ids[common:]
+            tokens, rows = [], []
+            for _ in range(k):
+                logits = self.model(torch.tensor([feed], device=device), cache=self.cache)[0, -1]
+                self.cached_ids.extend(feed)
+                probs = sampling_probs(logits, params)
+                x = int(sample(logits, params, generator))
+                tokens.append(x)
+                rows.append(probs)
+                feed = [x]
+        return tokens, torch.stack(rows)
+
+
+# ---------------------------------------------------------------- the batch-of-one loop
+
+@dataclass
+class SpecStats:
+    """What a speculative run did: passes, proposals, acceptance by position."""
+
+    target_passes: int = 0
+    draft_steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_at: list[int] = field(default_factory=list)  # drafts offered at position i
+    accepted_at: list[int] = field(default_factory=list)  # drafts accepted at position i
+
+    def record(self, num_proposed: int, num_accepted: int) -> None:
+        grow = num_proposed - len(self.proposed_at)
+        if grow > 0:
+            self.proposed_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(num_proposed):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+        self.proposed += num_proposed
+        self.accepted += num_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft i accepted | draft i offered): conditional on the drafts before it."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+
+@dataclass
+class SpecResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop_reason: object
+    stats: SpecStats
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.token_ids) / max(self.stats.target_passes, 1)
+
+
+def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_tokens: int = 4,
+                         sampling=None, max_new_tokens: int | None = None,
+                         acceptance: Callable = accept_tokens) -> SpecResult:
+    """Generate with speculative decoding, batch of one, over contiguous caches.
+
+    Invariant: the target's cache holds every token but the last one emitted
+    (``pending``); each round feeds ``[pending, x1..xk]`` in one pass, giving
+    the k + 1 rows the rule needs, then crops the cache to the kept tokens.
+    With ``temperature=0`` the tokens equal :func:`servelab.generation.generate`'s.
+    ``acceptance`` is swappable so tests can show a wrong rule changes the
+    output distribution.
+    """
+    import torch
+    from servelab.generation import _eos_ids, decode_tokens, encode_prompt
+    from servelab.sampling import SamplingParams, make_generator, sampling_probs
+
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
+    if max_new_tokens is not None:
+        params = SamplingParams(**{**params.__dict__, "max_tokens": max_new_tokens})
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _eos_ids(target, tokenizer, None))
+    generator = make_generator(params.seed)
+    device = next(target.parameters()).device
+    max_len = len(prompt_ids) + params.max_tokens + num_speculative_tokens + 1
+    cache = target.new_cache(1, max_len)
+    stats = SpecStats()
+    proposer.reset()
+    with torch.inference_mode():
+        if len(prompt_ids) > 1:
+            target(torch.tensor([prompt_ids[:-1]], device=device), cache=cache)
+        context = list(prompt_ids)
+        out: list[int] = []
+        finish, reason, text = "length", None, ""
+        while len(out) < params.max_tokens:
+            k = min(num_speculative_tokens, params.max_tokens - len(out) - 1)
+            drafts, q = proposer.propose(context, k, params, generator) if k > 0 else ([], None)
+            if not getattr(proposer, "deterministic", False):
+                stats.draft_steps += len(drafts)
+            base = cache.length
+            logits = target(torch.tensor([[context[-1]] + list(drafts)], device=device), cache=cache)[0]
+            stats.target_passes += 1
+            p = sampling_probs(logits, params)
+            emitted = acceptance(drafts, p, q, generator)
+            stats.record(len(drafts), len(emitted) - 1)
+            cache.crop(base + len(emitted))  # pending + accepted drafts; the last emitted is the new pending
+            done = False
+            for token in emitted:
+                out.append(token)
+                context.append(token)
+                if token in stop_ids:
+                    finish, reason, done = "stop", token, True
+                    break
+                if tokenizer is not None:
+                    text = decode_tokens(tokenizer, out)
+                    hits = [(text.find(s), s) for s in params.stop if s in text]
+                    if hits:
+                        cut, reason = min(hits)
+                        text, finish, done = text[:cut], "stop", True
+                        break
+                if len(out) >= params.max_tokens:
+                    done = True
+                    break
+            if done:
+                break
+    return SpecResult(prompt_ids, out, text, finish, reason, stats)
