@@ -34,6 +34,8 @@ __all__ = [
     "expected_speedup",
     "best_num_speculative_tokens",
     "accept_tokens",
+    "accept_with_uniforms",
+    "worth_speculating",
     "NgramProposer",
     "DraftModelProposer",
     "SpecStats",
@@ -152,7 +154,55 @@ def best_num_speculative_tokens(a: float, c: float, k_max: int = 16) -> int:
     return max(range(1, k_max + 1), key=lambda k: (expected_speedup(a, k, c), -k))
 
 
+def worth_speculating(a: float, c: float, k_max: int = 16) -> int:
+    """The k to run with, or 0 when no k in 1..k_max beats plain decoding."""
+    k = best_num_speculative_tokens(a, c, k_max)
+    return k if expected_speedup(a, k, c) > 1 else 0
+
+
 # ---------------------------------------------------------------- the rule
+
+def _draw(probs: Sequence[float], u: float) -> int:
+    """Inverse-CDF draw: the first i with u < probs[0] + ... + probs[i]."""
+    total = 0.0
+    for i, p in enumerate(probs):
+        total += p
+        if u < total:
+            return i
+    return max(i for i, p in enumerate(probs) if p > 0)  # rounding left u past the total
+
+
+def accept_with_uniforms(draft_tokens: Sequence[int], p_rows, q_rows, uniforms: Sequence[float],
+                         final_u: float) -> list[int]:
+    """The acceptance rule in plain Python with its random numbers given.
+
+    ``p_rows``: k + 1 target distributions (lists); ``q_rows``: k draft
+    distributions; ``uniforms[i]`` decides draft i (accept when
+    ``u < p(x) / q(x)``); ``final_u`` draws the last token, from the residual
+    max(0, p - q) at the first rejection, else from the bonus row ``p_rows[k]``.
+    The same rule as :func:`accept_tokens`, written out for reading and grading.
+    """
+    k = len(draft_tokens)
+    if len(p_rows) != k + 1 or len(q_rows) != k or len(uniforms) < k:
+        raise ValueError(f"need {k + 1} target rows, {k} draft rows and {k} uniforms for {k} drafts; "
+                         f"got {len(p_rows)}, {len(q_rows)} and {len(uniforms)}")
+    if not all(0 <= u < 1 for u in list(uniforms) + [final_u]):
+        raise ValueError("uniform numbers must lie in [0, 1)")
+    out: list[int] = []
+    for i, x in enumerate(draft_tokens):
+        p, q = p_rows[i], q_rows[i]
+        if q[x] <= 0:
+            raise ValueError(f"draft token {x} has draft probability 0 at position {i}")
+        if uniforms[i] < p[x] / q[x]:
+            out.append(x)
+            continue
+        residual = [max(0.0, a - b) for a, b in zip(p, q)]
+        total = sum(residual)
+        out.append(_draw([r / total for r in residual] if total > 0 else p, final_u))
+        return out
+    out.append(_draw(p_rows[k], final_u))
+    return out
+
 
 def accept_tokens(draft_tokens: Sequence[int], target_probs, draft_probs=None, generator=None) -> list[int]:
     """The exact acceptance rule for one sequence; returns the tokens to emit.

@@ -1,0 +1,93 @@
+"""Exercise 20: each question's classic mistakes lose that question's points."""
+import pytest
+
+from servelab.grading import grade_question
+from servelab.grading.hidden import ex20_speculative as ex
+
+
+def _draw(probs, u):
+    total = 0.0
+    for j, pj in enumerate(probs):
+        total += pj
+        if u < total:
+            return j
+    return max(j for j, pj in enumerate(probs) if pj > 0)
+
+
+def make_accept(*, bonus=True, residual=True, ratio_test="lt", keep_rejected=False, bonus_row=None):
+    def accept_step(draft, p, q, u, final_u):
+        out = []
+        for i, x in enumerate(draft):
+            ratio = p[i][x] / q[i][x]
+            keep = {"lt": u[i] < ratio, "le": u[i] <= ratio, "p_beats_q": p[i][x] >= q[i][x]}[ratio_test]
+            if keep:
+                out.append(x)
+                continue
+            if keep_rejected:                      # off by one: the rejected draft is emitted too
+                out.append(x)
+            if residual:
+                r = [max(0.0, a - b) for a, b in zip(p[i], q[i])]
+                out.append(_draw([v / sum(r) for v in r], final_u))
+            else:                                  # resample from p instead of the residual
+                out.append(_draw(p[i], final_u))
+            return out
+        if bonus:
+            row = p[len(draft)] if bonus_row is None else p[bonus_row(len(draft))]
+            out.append(_draw(row, final_u))
+        return out
+    return accept_step
+
+
+def tokens_right(a, k):
+    if not 0 <= a <= 1 or k < 0:
+        raise ValueError("bad input")
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def choose_right(a, c, k_max, *, speed=None, floor=True):
+    if c < 0 or k_max < 1:
+        raise ValueError("bad input")
+    speed = speed or (lambda a, k, c: tokens_right(a, k) / (k * c + 1))
+    best_k, best = (0, 1.0) if floor else (1, speed(a, 1, c))
+    for k in range(1, k_max + 1):
+        if speed(a, k, c) > best:
+            best_k, best = k, speed(a, k, c)
+    return best_k
+
+
+def test_right_answers_pass():
+    assert grade_question(ex.Q1, make_accept()).passed
+    assert grade_question(ex.Q2, tokens_right).passed
+    assert grade_question(ex.Q3, choose_right).passed
+
+
+@pytest.mark.parametrize("name, mutant", [
+    ("forgets the bonus token", make_accept(bonus=False)),
+    ("resamples from p, not the residual", make_accept(residual=False)),
+    ("emits the rejected draft too (off by one)", make_accept(keep_rejected=True)),
+    ("accepts when u <= p/q", make_accept(ratio_test="le")),
+    ("accepts only when p >= q", make_accept(ratio_test="p_beats_q")),
+    ("bonus from the last draft's row", make_accept(bonus_row=lambda k: k - 1)),
+])
+def test_q1_mistakes_lose_q1(name, mutant):
+    assert not grade_question(ex.Q1, mutant).passed, name
+
+
+@pytest.mark.parametrize("name, mutant", [
+    ("exponent k, forgetting the target's own token", lambda a, k: (1 - a ** k) / (1 - a) if a < 1 else k),
+    ("divides by zero at a = 1", lambda a, k: (1 - a ** (k + 1)) / (1 - a)),
+    ("a times k plus one", lambda a, k: a * k + 1),
+    ("no input checks", lambda a, k: float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)),
+])
+def test_q2_mistakes_lose_q2(name, mutant):
+    assert not grade_question(ex.Q2, mutant).passed, name
+
+
+@pytest.mark.parametrize("name, mutant", [
+    ("ignores the draft cost", lambda a, c, m: choose_right(a, 0.0, m) if c >= 0 and m >= 1 else choose_right(a, c, m)),
+    ("forgets the verifying pass (+1)", lambda a, c, m: choose_right(
+        a, c, m, speed=lambda a, k, c: tokens_right(a, k) / (k * c) if c else float("inf"))),
+    ("never switches speculation off", lambda a, c, m: choose_right(a, c, m, floor=False)),
+])
+def test_q3_mistakes_lose_q3(name, mutant):
+    assert not grade_question(ex.Q3, mutant).passed, name
