@@ -86,9 +86,48 @@ def test_cli_prints_a_table_and_json(tmp_path, capsys):
 
 def test_unknown_exercise_name_is_a_clear_error(tmp_path):
     path = tmp_path / "ex99_nothing.ipynb"
-    shutil.copy(ROOT / "exercises" / "ex11_seats.ipynb", path)
-    with pytest.raises(ValueError, match="no graded exercise"):
+    nb = nbformat.read(ROOT / "exercises" / "ex11_seats.ipynb", as_version=4)
+    nb.metadata.pop("servelab")
+    nbformat.write(nb, path)
+    with pytest.raises(ValueError, match="does not say which exercise"):
         grade_notebook(path)
+
+
+def test_every_exercise_and_solution_names_its_exercise_in_metadata():
+    for path in EXERCISES + SOLUTIONS:
+        meta = json.loads(path.read_text())["metadata"].get("servelab", {})
+        assert meta.get("exercise") == path.stem, f"{path}: metadata.servelab.exercise must be {path.stem!r}"
+
+
+def test_a_renamed_copy_grades_from_its_metadata(tmp_path):
+    path = tmp_path / "my answers-Copy1.ipynb"
+    shutil.copy(ROOT / "solutions" / "ex02_tokens.ipynb", path)
+    results = grade_notebook(path)
+    assert results and all(r.passed for r in results)
+    assert all("hidden" in r.reason for r in results)  # a pass says how many hidden checks it passed
+
+
+def test_progress_table_over_a_folder(tmp_path, capsys):
+    from servelab.grade import main
+    shutil.copy(ROOT / "solutions" / "ex02_tokens.ipynb", tmp_path / "tokens_done.ipynb")
+    shutil.copy(ROOT / "exercises" / "ex03_sampling.ipynb", tmp_path / "ex03_sampling.ipynb")
+    (tmp_path / "notes.ipynb").write_text(json.dumps(nbformat.v4.new_notebook()))
+    assert main(["--all", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    most2 = sum(q.points for q in load_questions("ex02_tokens"))
+    most3 = sum(q.points for q in load_questions("ex03_sampling"))
+    assert f"{most2}/{most2}" in out
+    assert f"0/{most3}" in out and "min" in out and "1 of 2 exercises complete" in out
+
+
+def test_failure_reasons_read_cleanly():
+    from servelab.grading import run_case
+    reason = run_case("f", lambda x: 0.1 + 0.2, Case(args=(print,), expected=1 / 3))
+    assert reason == "f(<function print>): expected 0.333333, got 0.3"
+    q = Question(id="q", title="t", function="f", points=1, level="easy", minutes=1,
+                 visible=[Case(args=(1,), expected=1)], test=lambda f: f(f))
+    bad = grade_question(q, lambda x: (_ for _ in ()).throw(ValueError(repr(lambda: 0))) if callable(x) else x)
+    assert "0x" not in bad.reason and "<function " in bad.reason
 
 
 def test_grade_question_in_process_rules():

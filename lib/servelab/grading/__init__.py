@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import re
 import signal
 import time
 from contextlib import contextmanager
@@ -111,8 +112,38 @@ def get_question(exercise: str, question_id: str) -> Question:
     raise ValueError(f"exercise {exercise!r} has no question {question_id!r}")
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _show(value: Any) -> str:
+    """A short, readable rendering: floats to 6 significant digits, functions by name."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int):
+        return f"{value}"
+    if callable(value) and hasattr(value, "__name__"):
+        return f"<function {value.__name__}>"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_show(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_show(k)}: {_show(v)}" for k, v in value.items()) + "}"
+    if hasattr(value, "tolist") and hasattr(value, "shape"):  # numpy arrays and tensors
+        return _show(value.tolist())
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalars
+        return _show(value.item())
+    return clean(repr(value))
+
+
+def clean(text: str) -> str:
+    """Drop memory addresses (``<function f at 0x7f...>`` -> ``<function f>``)."""
+    return _ADDRESS.sub("", text)
+
+
 def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    text = _show(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -152,8 +183,8 @@ def run_case(function_name: str, func: Callable, case: Case) -> str | None:
         if case.raises is not None and isinstance(exc, case.raises):
             return None
         if case.raises is not None:
-            return f"{where}: expected {case.raises.__name__}, but it raised {type(exc).__name__}: {exc}"
-        return f"{where}: raised {type(exc).__name__}: {str(exc)[:120]}"
+            return f"{where}: expected {case.raises.__name__}, but it raised {type(exc).__name__}: {clean(str(exc))[:120]}"
+        return f"{where}: raised {type(exc).__name__}: {clean(str(exc))[:120]}"
     if case.raises is not None:
         return f"{where}: expected {case.raises.__name__} for this input, but it returned {_short_repr(got)}"
     if not _same(got, case.expected, case.rel, case.abs):
@@ -198,18 +229,21 @@ def grade_question(question: Question, func: Any, include_hidden: bool = True) -
                 try:
                     question.test(func)
                 except AssertionError as exc:
-                    return result(False, str(exc) or "a hidden behaviour test failed")
+                    return result(False, clean(str(exc)) or "a hidden behaviour test failed")
                 except NotImplementedError:
                     return result(False, f"{question.function}: not implemented yet (raised NotImplementedError)")
                 except GradingTimeout:
                     raise
                 except BaseException as exc:
-                    return result(False, f"{question.function}: raised {type(exc).__name__}: {str(exc)[:120]}")
+                    return result(False, f"{question.function}: raised {type(exc).__name__}: "
+                                          f"{clean(str(exc))[:120]}")
     except GradingTimeout:
         return result(False, f"timed out after {question.timeout:g} s (an endless loop?)")
     elapsed = time.perf_counter() - start
-    count = len(cases) + (1 if include_hidden and question.test else 0)
-    return result(True, f"all {count} checks passed" + (f" in {elapsed:.1f} s" if elapsed > 1 else ""))
+    visible = len(question.visible)
+    hidden = (len(question.hidden) + (1 if question.test else 0)) if include_hidden else 0
+    text = f"passed {visible} visible" + (f" and {hidden} hidden" if include_hidden else "") + " checks"
+    return result(True, text + (f" in {elapsed:.1f} s" if elapsed > 1 else ""))
 
 
 def check(target: str, func: Any = _MISSING) -> bool:
@@ -236,4 +270,4 @@ def check(target: str, func: Any = _MISSING) -> bool:
 
 
 __all__ = ["Case", "Question", "Result", "check", "grade_question", "load_questions", "get_question",
-           "GradingTimeout", "time_limit", "run_case"]
+           "GradingTimeout", "time_limit", "run_case", "clean"]
