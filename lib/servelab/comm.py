@@ -31,7 +31,7 @@ __all__ = [
     "Link", "LINKS", "get_link", "US", "allreduce_message_bytes", "allreduces_per_step",
     "exchange_seconds", "allreduce_seconds", "all_to_all_seconds", "CommBill",
     "tensor_parallel_bill", "bubble_fraction", "pipeline_span", "weight_bytes_per_chip",
-    "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS",
+    "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS", "fit_alpha_beta",
 ]
 
 US = 1e-6
@@ -318,3 +318,21 @@ def text_bytes(tokens: int, bytes_per_token: float = BYTES_PER_TOKEN_ENGLISH) ->
     """Bytes of text a streamed answer of ``tokens`` tokens carries (before HTTP framing)."""
     _non_negative("tokens", tokens)
     return tokens * _positive("bytes_per_token", bytes_per_token)
+
+
+def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
+    """Least-squares fit of ``seconds = alpha + nbytes / bandwidth``; returns ``(alpha, bandwidth)``.
+
+    Feed it measured (size, time) pairs of one collective; ``alpha`` is the fixed
+    cost per call and ``bandwidth`` the bytes per second the slope implies.
+    """
+    xs, ys = [float(x) for x in nbytes], [float(y) for y in seconds]
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"need at least two (nbytes, seconds) pairs of equal length, got {len(xs)} and {len(ys)}")
+    if len(set(xs)) < 2:
+        raise ValueError("need at least two different message sizes to fit a slope")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        raise ValueError("the times do not grow with the size; measure larger messages")
+    return my - slope * mx, 1 / slope

@@ -78,9 +78,11 @@ def launch(fn: Callable, world_size: int, args: tuple = (), timeout: float = DEF
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not callable(fn) or getattr(fn, "__module__", "__main__") in ("__main__", None):
+    qualname = getattr(fn, "__qualname__", "<lambda>")
+    if (not callable(fn) or getattr(fn, "__module__", "__main__") in ("__main__", None)
+            or "<" in qualname):
         raise ValueError("fn must be a function defined in a module (spawned processes import it by "
-                         "name); move it out of the notebook/script into lib/")
+                         "name, so not a lambda, a nested function or a notebook's); move it into a module under lib/")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
     if start_method not in START_METHODS:
