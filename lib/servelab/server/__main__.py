@@ -1,0 +1,6 @@
+"""``python -m servelab.server --model data/models/servelab-main --port 8000``."""
+import sys
+
+from servelab.server.runner import main
+
+sys.exit(main())

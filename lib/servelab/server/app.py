@@ -1,0 +1,253 @@
+"""The OpenAI-compatible HTTP face of the engine (FastAPI + uvicorn).
+
+``create_app(engine, ...)`` returns a FastAPI app whose lifespan starts and
+stops an :class:`~servelab.server.engine_loop.EngineLoop`. Endpoints:
+
+* ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's fields
+  and shapes, streamed as server-sent events (``data: {json}`` lines, then
+  ``data: [DONE]``) when ``stream`` is true;
+* ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
+
+Every refusal is OpenAI's error body with 400/404/413/429/503. A client that
+disconnects mid-stream has its request aborted before the next engine step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from servelab.server import protocol
+from servelab.server.engine_loop import EngineLoop, Event
+from servelab.server.errors import APIError, error_body
+from servelab.server.metrics import ServerMetrics
+
+__all__ = ["ServerSettings", "create_app", "sse"]
+
+log = logging.getLogger("servelab.server")
+
+
+@dataclass
+class ServerSettings:
+    """Limits of the HTTP layer."""
+
+    model_name: str = "servelab-main"
+    max_body_bytes: int = 1_000_000          # larger bodies -> 413
+    max_queued_requests: int = 256           # beyond running seats; more -> 429
+    retry_after_s: int = 1                   # the 429's Retry-After header
+    shutdown_grace_s: float = 5.0            # SIGTERM: time for in-flight requests to finish
+    nondisconnect_poll_s: float = 0.25       # non-streamed requests: how often to check the client
+
+
+def sse(payload) -> bytes:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def _timings(req_t: dict, out) -> dict:
+    m = out.metrics
+    t = dict(req_t)
+    if m is not None:
+        t.update(arrival=m.arrival_time, first_scheduled=m.first_scheduled_time,
+                 first_token=m.first_token_time, finished=m.finished_time,
+                 token_times=list(m.token_times), num_preemptions=m.num_preemptions)
+    t["sent"] = time.perf_counter()
+    return t
+
+
+def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bool = True):
+    """The app over ``engine`` (an :class:`~servelab.engine.LLMEngine` with a tokenizer)."""
+    settings = settings or ServerSettings()
+    if engine.tokenizer is None:
+        raise ValueError("the server needs an engine with a tokenizer (LLMEngine.from_model(model, tokenizer))")
+    tokenizer = getattr(engine.tokenizer, "tokenizer", engine.tokenizer)  # unwrap LLM's prompt wrapper
+    cfg = engine.config
+    limits = protocol.Limits(model=settings.model_name, max_model_len=cfg.max_model_len,
+                             pool_tokens=cfg.pool_tokens,
+                             vocab_size=getattr(engine.runner, "vocab_size", None) or tokenizer.vocab_size)
+    metrics = ServerMetrics(cfg.num_kv_blocks)
+    loop_ = EngineLoop(engine, metrics)
+    max_in_flight = cfg.max_num_seqs + settings.max_queued_requests
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if start_loop:
+            loop_.start()
+        yield
+        await asyncio.to_thread(loop_.stop, 0.0)
+
+    app = FastAPI(title="servelab", lifespan=lifespan)
+    app.state.engine_loop = loop_
+    app.state.metrics = metrics
+    app.state.settings = settings
+    app.state.limits = limits
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        metrics.record_rejected(exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc):
+        return JSONResponse(error_body(str(exc), 400), status_code=400)
+
+    @app.get("/health")
+    async def health():
+        if not loop_.alive:
+            raise APIError(503, "the engine loop is not running", code="engine_down")
+        return {"status": "draining" if loop_.draining else "ok", **loop_.snapshot()}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": limits.model, "object": "model", "created": 0,
+                                            "owned_by": "servelab", "max_model_len": limits.max_model_len}]}
+
+    @app.get("/metrics")
+    async def prom():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def _read_json(request: Request):
+        length = request.headers.get("content-length")
+        limit = settings.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise APIError(413, f"the request body has {int(length):,} bytes; the limit is {limit:,} bytes "
+                                "(--max-body-bytes)", code="request_too_large")
+        body = b""
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise APIError(413, f"the request body is over the limit of {limit:,} bytes "
+                                    "(--max-body-bytes)", code="request_too_large")
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
+                           code="invalid_json") from exc
+
+    async def _handle(request: Request, kind: str):
+        received = time.perf_counter()
+        body = await _read_json(request)
+        if loop_.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica",
+                           code="shutting_down")
+        req = protocol.parse_request(body, kind, tokenizer, limits)
+        if loop_.num_in_flight >= max_in_flight:
+            raise APIError(429, f"too many requests in flight ({loop_.num_in_flight}; the limit is "
+                                f"{max_in_flight} = {cfg.max_num_seqs} running + "
+                                f"{settings.max_queued_requests} queued); retry after "
+                                f"{settings.retry_after_s} s", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(settings.retry_after_s)})
+        req_t = {"received": received, "tokenized": time.perf_counter()}
+        aloop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def sink(event: Event):
+            aloop.call_soon_threadsafe(q.put_nowait, event)
+
+        def submit():
+            req_t["submitted"] = time.perf_counter()
+            loop_.submit(req.request_id, req.prompt_token_ids, req.sampling_params, sink,
+                         arrival_time=received)
+
+        if req.stream:
+            return StreamingResponse(_stream(req, q, submit, req_t), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _complete(request, req, q, submit, req_t)
+
+    def _usage(req, out) -> dict:
+        cached = out.metrics.num_cached_tokens if out.metrics is not None else 0
+        return protocol.usage(len(req.prompt_token_ids), len(out.token_ids), cached)
+
+    def _lp(req, out, start: int, end: int, offset0: int = 0):
+        c = out.outputs[0]
+        if req.logprobs is None or c.logprobs is None:
+            return None
+        tops = c.top_logprobs[start:end] if c.top_logprobs is not None else None
+        return protocol.logprobs_payload(req, tokenizer, c.token_ids[start:end], c.logprobs[start:end],
+                                         tops, offset0)
+
+    async def _stream(req, q, submit, req_t):
+        submit()
+        done = False
+        sent_tokens = 0
+        sent_chars = 0
+        first = True
+        try:
+            while True:
+                ev: Event = await q.get()
+                if ev.kind == "error":
+                    done = True
+                    metrics.record_rejected(ev.status)
+                    yield sse(error_body(ev.message, ev.status, code=ev.code))
+                    yield sse("[DONE]")
+                    return
+                out = ev.output
+                n_tok = len(out.token_ids)
+                lp = _lp(req, out, sent_tokens, n_tok, sent_chars)
+                finish = out.finish_reason if out.finished else None
+                if out.delta_text or first or finish or lp:
+                    yield sse(protocol.chunk(req, out.delta_text, finish, lp, first=first))
+                    first = False
+                sent_tokens = n_tok
+                sent_chars += len(out.delta_text)
+                if out.finished:
+                    done = True
+                    if req.include_usage or req.return_timings:
+                        extra = protocol.usage_chunk(req, _usage(req, out))
+                        if req.return_timings:
+                            extra["servelab_timings"] = _timings(req_t, out)
+                        yield sse(extra)
+                    yield sse("[DONE]")
+                    return
+        finally:
+            if not done:  # the client went away (or the app is shutting down)
+                loop_.abort(req.request_id)
+
+    async def _complete(request, req, q, submit, req_t):
+        submit()
+        done = False
+        try:
+            while True:
+                try:
+                    ev: Event = await asyncio.wait_for(q.get(), settings.nondisconnect_poll_s)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return JSONResponse(error_body("client disconnected", 400), status_code=400)
+                    continue
+                if ev.kind == "error":
+                    done = True
+                    raise APIError(ev.status, ev.message, code=ev.code)
+                out = ev.output
+                if out.finished:
+                    done = True
+                    body = protocol.response(req, out.text, out.finish_reason, _usage(req, out),
+                                             _lp(req, out, 0, len(out.token_ids)))
+                    if req.return_timings:
+                        body["servelab_timings"] = _timings(req_t, out)
+                    return JSONResponse(body)
+        finally:
+            if not done:
+                loop_.abort(req.request_id)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _handle(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _handle(request, "chat")
+
+    return app

@@ -1,0 +1,271 @@
+"""The engine's own thread: the only code that ever touches the engine.
+
+HTTP handlers never call the engine. They put commands (add, abort) into a
+thread-safe inbox; the engine thread drains the inbox between steps, runs
+``engine.step()`` and hands each request's new tokens to that request's
+*sink*, a callable that must not block (the app's sink is
+``loop.call_soon_threadsafe(queue.put_nowait, event)``). So a slow or vanished
+client can never stall a step, and an abort is applied before the very next
+step: a disconnected client's KV blocks are free within one engine step.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["EngineLoop", "Event", "AbortRecord"]
+
+log = logging.getLogger("servelab.server")
+
+
+@dataclass
+class Event:
+    """What a request's sink receives: new output, or an error that ends it."""
+
+    kind: str                     # "output" | "error"
+    output: object = None         # servelab.engine.RequestOutput for "output"
+    status: int = 500
+    message: str = ""
+    code: str | None = None
+
+
+@dataclass
+class AbortRecord:
+    request_id: str
+    step_requested: int           # engine steps completed when the abort arrived
+    step_applied: int             # engine steps completed when its blocks were freed
+    freed: bool                   # False: the request had already finished
+
+
+@dataclass
+class _Tracked:
+    sink: Callable[[Event], object]
+    prompt_tokens: int
+    itl_seen: int = 0
+    first_seen: bool = False
+    meta: dict = field(default_factory=dict)
+
+
+class EngineLoop:
+    """Owns an :class:`~servelab.engine.LLMEngine` and drives it in a background thread."""
+
+    def __init__(self, engine, metrics=None, *, idle_wait_s: float = 0.02, check_sampling: bool = True):
+        self.engine = engine
+        self.metrics = metrics
+        self.idle_wait_s = idle_wait_s
+        self.check_sampling = check_sampling
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._tracked: dict[str, _Tracked] = {}
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._stop = threading.Event()
+        self._draining = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.abort_log: list[AbortRecord] = []
+        self.num_engine_errors = 0
+        self.steps = 0
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------- HTTP side
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not yet finished (queued in the inbox or in the engine)."""
+        return self._in_flight
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling_params,
+               sink: Callable[[Event], object], arrival_time: float | None = None) -> None:
+        """Queue a request; its events go to ``sink`` (called from the engine thread)."""
+        with self._lock:
+            self._in_flight += 1
+        self._inbox.put(("add", request_id, prompt_token_ids, sampling_params, sink,
+                         arrival_time if arrival_time is not None else time.perf_counter()))
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: free the request before the next step."""
+        self._inbox.put(("abort", request_id, self.steps))
+
+    def snapshot(self) -> dict:
+        """Engine counters as of the last step (safe to read from any thread)."""
+        kv = self.engine.scheduler.kv
+        return {"running": len(self.engine.scheduler.running),
+                "waiting": len(self.engine.scheduler.waiting),
+                "kv_blocks_used": kv.allocator.num_used, "kv_blocks_free": kv.allocator.num_free,
+                "kv_blocks_total": kv.num_blocks, "steps": self.steps,
+                "in_flight": self._in_flight}
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> "EngineLoop":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, grace_s: float = 0.0, timeout_s: float = 10.0) -> None:
+        """Stop admitting; let in-flight requests finish for ``grace_s``; abort the rest; join."""
+        self._draining.set()
+        deadline = time.monotonic() + grace_s
+        while self._in_flight and time.monotonic() < deadline and self.alive:
+            time.sleep(0.01)
+        self._stop.set()
+        self._inbox.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---------------------------------------------------------- engine thread
+    def _finish(self, request_id: str) -> _Tracked | None:
+        t = self._tracked.pop(request_id, None)
+        if t is not None:
+            with self._lock:
+                self._in_flight -= 1
+        return t
+
+    def _send(self, t: _Tracked, event: Event) -> None:
+        try:
+            t.sink(event)
+        except Exception:  # a closed event loop or a broken sink must never stop the engine
+            log.debug("dropping an event for a gone client", exc_info=True)
+
+    def _fail(self, request_id: str, status: int, message: str, code: str) -> None:
+        t = self._finish(request_id)
+        if t is not None:
+            self._send(t, Event("error", status=status, message=message, code=code))
+
+    def _dry_run(self, sp) -> None:
+        """Sample once from a made-up row with these settings, so that settings the
+        sampler cannot handle fail this request alone, before it joins a batch."""
+        import torch
+
+        from servelab.sampling import sample
+        if getattr(sp, "temperature", 0) == 0:
+            return
+        vocab = getattr(self.engine.runner, "vocab_size", None) or 16
+        row = torch.linspace(-1.0, 1.0, vocab)
+        sample(row, sp, torch.Generator().manual_seed(0))
+
+    def _handle(self, cmd) -> None:
+        if cmd[0] == "add":
+            _, rid, ids, sp, sink, arrival = cmd
+            t = _Tracked(sink, len(ids), meta={"queued": time.perf_counter()})
+            self._tracked[rid] = t
+            if self._stop.is_set():
+                self._fail(rid, 503, "the server is shutting down; retry on another replica", "shutting_down")
+                return
+            try:
+                if self.check_sampling:
+                    self._dry_run(sp)
+                self.engine.add_request(rid, ids, sp, arrival_time=arrival)
+            except (ValueError, TypeError) as exc:
+                self._fail(rid, 400, str(exc), "invalid_value")
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the loop
+                self._fail(rid, 400, f"the request cannot run: {type(exc).__name__}: {exc}", "invalid_request")
+        elif cmd[0] == "abort":
+            _, rid, step_requested = cmd
+            out = None
+            try:
+                out = self.engine.abort_request(rid)
+            except Exception:  # noqa: BLE001
+                log.error("abort of %s failed:\n%s", rid, traceback.format_exc())
+            if self._finish(rid) is not None and self.metrics is not None:
+                self.metrics.record_finished("abort", 0, None)
+            self.abort_log.append(AbortRecord(rid, step_requested, self.steps, out is not None))
+
+    def _dispatch(self, out) -> None:
+        rid = out.request_id
+        t = self._tracked.get(rid)
+        m = out.metrics
+        if t is not None and self.metrics is not None and m is not None:
+            times = m.token_times
+            if not t.first_seen and m.first_token_time is not None:
+                t.first_seen = True
+                self.metrics.record_first_token(m.first_token_time - m.arrival_time, t.prompt_tokens,
+                                                m.num_cached_tokens)
+            gaps = [b - a for a, b in zip(times[max(t.itl_seen - 1, 0):], times[max(t.itl_seen, 1):])]
+            self.metrics.record_tokens(len(times) - t.itl_seen, gaps)
+            t.itl_seen = len(times)
+        if out.finished:
+            t = self._finish(rid)
+            if self.metrics is not None:
+                reason = out.finish_reason or "unknown"
+                self.metrics.record_finished(reason, len(out.prompt_token_ids),
+                                             None if m is None else m.e2e)
+            if t is None:
+                return
+            if out.finish_reason == "error":
+                self._send(t, Event("error", status=400, message=out.error or "the request failed",
+                                    code="request_failed"))
+                return
+        if t is not None:
+            self._send(t, Event("output", output=out))
+
+    def _step(self) -> None:
+        try:
+            outs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the engine failed: end what was in it, keep serving
+            self.num_engine_errors += 1
+            log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
+            for rid in list(self.engine.requests):
+                try:
+                    self.engine.abort_request(rid)
+                except Exception:  # noqa: BLE001
+                    log.error("abort after a failed step failed:\n%s", traceback.format_exc())
+                self._fail(rid, 500, f"the engine failed while running this request "
+                                     f"({type(exc).__name__}: {exc}); retry it", "engine_error")
+            return
+        finally:
+            self.steps += 1
+        for out in outs:
+            self._dispatch(out)
+
+    def _publish(self) -> None:
+        if self.metrics is not None:
+            s = self.engine.scheduler
+            self.metrics.update_engine(len(s.running), len(s.waiting), s.kv.allocator.num_used, self.steps)
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                busy = engine.has_unfinished_requests()
+                if self._stop.is_set() and not busy and self._inbox.empty():
+                    break
+                try:
+                    cmd = self._inbox.get(timeout=self.idle_wait_s) if not busy else self._inbox.get_nowait()
+                except queue.Empty:
+                    cmd = None
+                while cmd is not None:
+                    if cmd[0] != "wake":
+                        self._handle(cmd)
+                    try:
+                        cmd = self._inbox.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if self._stop.is_set():  # grace is over: abort whatever is left
+                    for rid in list(self._tracked):
+                        try:
+                            engine.abort_request(rid)
+                        except Exception:  # noqa: BLE001
+                            pass
+                        self._fail(rid, 503, "the server shut down before this request finished; "
+                                             "retry it", "shutting_down")
+                if engine.has_unfinished_requests():
+                    self._step()
+                self._publish()
+        except BaseException as exc:  # pragma: no cover - a bug in this loop
+            self.error = exc
+            log.critical("engine loop died:\n%s", traceback.format_exc())
+            for rid in list(self._tracked):
+                self._fail(rid, 500, "the engine loop stopped", "engine_error")
+            raise

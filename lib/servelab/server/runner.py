@@ -1,0 +1,240 @@
+"""Building the served engine, and running the app: in a thread, a process, or the shell.
+
+* :func:`build_engine` - an :class:`~servelab.engine.LLMEngine` exactly as
+  ``LLM(...)`` builds it (same pool, same tokenizer), so greedy text through
+  the server equals ``LLM.generate``.
+* :class:`ServerThread` - uvicorn in a background thread of this process, on
+  a port the OS picks (tests, benchmarks).
+* :func:`launch` - ``python -m servelab.server`` as a background process
+  (chapter 1); ``stop()`` sends SIGTERM and returns the exit code.
+* :func:`main` - the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["build_engine", "free_port", "ServerThread", "ServerProcess", "launch", "main",
+           "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = "data/models/servelab-main"
+
+
+def build_engine(model=DEFAULT_MODEL, tokenizer=None, **options):
+    """The engine ``LLM(model, tokenizer, **options)`` would use (vLLM's option names)."""
+    from servelab.engine import LLM
+    return LLM(model, tokenizer, **options).engine
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (another process could take it before you do)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class ServerThread:
+    """Serve ``app`` from a background thread on ``host`` (loopback by default).
+
+    ``port=0`` lets the OS choose; read it from ``.port`` / ``.url``. Use as a
+    context manager, or call ``start()`` and ``stop()``.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 2.0,
+                 log_level: str = "warning"):
+        import uvicorn
+        self.app = app
+        self.sock = _bound_socket(host, port)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.config = uvicorn.Config(app, log_level=log_level, lifespan="on",
+                                     timeout_graceful_shutdown=graceful_s, access_log=False)
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="servelab-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server thread did not start; see its log")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        if self.thread.is_alive():
+            raise RuntimeError(f"the server thread did not stop within {timeout_s} s")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class ServerProcess:
+    """A server running as a child process (see :func:`launch`)."""
+
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: Path):
+        self.proc, self.host, self.port, self.log_path = proc, host, port, log_path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM (graceful: in-flight requests finish), then wait; kill if it hangs. Exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def launch(model: str | Path = DEFAULT_MODEL, *, host: str = "127.0.0.1", port: int = 0,
+           args: list[str] | tuple = (), timeout_s: float = 120.0, env: dict | None = None) -> ServerProcess:
+    """Start ``python -m servelab.server`` in the background and wait until /health answers."""
+    workdir = Path(tempfile.mkdtemp(prefix="servelab-server-"))
+    port_file, log_path = workdir / "port", workdir / "server.log"
+    cmd = [sys.executable, "-m", "servelab.server", "--model", str(model), "--host", host,
+           "--port", str(port), "--port-file", str(port_file), *map(str, args)]
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("MKL_NUM_THREADS", "1")
+    full_env.update(env or {})
+    logf = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env)
+    logf.close()
+    deadline = time.monotonic() + timeout_s
+    server = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}:\n{log_path.read_text()}")
+        if server is None and port_file.exists() and port_file.read_text().strip():
+            server = ServerProcess(proc, host, int(port_file.read_text()), log_path)
+        if server is not None:
+            try:
+                with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return server
+            except OSError:
+                pass
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait(10)
+    raise RuntimeError(f"the server did not answer /health within {timeout_s} s:\n{log_path.read_text()}")
+
+
+# ------------------------------------------------------------------- the shell
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m servelab.server",
+                                description="OpenAI-compatible streaming server over the servelab engine")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (config.json + safetensors)")
+    p.add_argument("--served-model-name", default=None, help="the name clients send (default: folder name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="0 = any free port (see --port-file)")
+    p.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks (default: LLM's)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-queued-requests", type=int, default=256, help="beyond the seats; more -> 429")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds for in-flight requests on SIGTERM")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+    import uvicorn
+
+    from servelab.server.app import ServerSettings, create_app
+    torch.set_num_threads(args.threads)
+    engine = build_engine(args.model, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          num_kv_blocks=args.kv_blocks, block_size=args.block_size,
+                          max_model_len=args.max_model_len,
+                          enable_prefix_caching=args.enable_prefix_caching,
+                          enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed)
+    name = args.served_model_name or Path(args.model).name
+    settings = ServerSettings(model_name=name, max_body_bytes=args.max_body_bytes,
+                              max_queued_requests=args.max_queued_requests,
+                              shutdown_grace_s=args.shutdown_grace)
+    app = create_app(engine, settings)
+    sock = _bound_socket(args.host, args.port)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", access_log=False,
+                            timeout_graceful_shutdown=max(1, int(round(args.shutdown_grace))))
+    server = uvicorn.Server(config)
+
+    class _Announce(threading.Thread):
+        def run(self):
+            while not server.started and not server.should_exit:
+                time.sleep(0.02)
+            if server.started:
+                print(json.dumps({"event": "listening", "url": f"http://{args.host}:{port}",
+                                  "model": name}), flush=True)
+                if args.port_file:
+                    Path(args.port_file).write_text(str(port))
+
+    _Announce(daemon=True).start()
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully;
+    # by then everything is finished, so that second delivery should just let us exit 0.
+    signal.signal(signal.SIGTERM, lambda *a: None)
+    server.run(sockets=[sock])
+    return 0
