@@ -1,0 +1,179 @@
+"""Published figures the chapters quote, each with its value, unit and source.
+
+A chapter never types a published number: it reads it from here and glues it,
+so the references appendix (``book/appendix/references.md``) and the prose
+cannot drift apart. Chip datasheet rates used by the calculators live in
+:mod:`servelab.specs` (each ``Chip`` has a ``source=``); the entries here that
+repeat one of them are checked equal to it by ``tests/test_sources.py``.
+
+Use::
+
+    from servelab import sources
+    sources.value("vllm_continuous_throughput")   # 1900.0
+    sources.get("vllm_continuous_throughput").url
+    sources.SOURCES["kv_reservation_waste_high"].value
+    sources.cite("vllm_continuous_throughput")    # "Anyscale ... (2023)"
+    sources.references()                          # one Reference per cited work
+
+Pure Python: no torch, no numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    """One published figure: ``value`` in ``unit``, what it measures, and where it is printed."""
+
+    key: str
+    value: float
+    unit: str
+    what: str
+    title: str
+    url: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One cited work and the registry keys that quote it."""
+
+    title: str
+    url: str
+    keys: tuple[str, ...]
+
+
+# Cited works (title, URL), named once so entries that share a work agree.
+_ANYSCALE = ("Cade Daniel, Chen Shen, Eric Liang and Richard Liaw, \"How continuous batching enables "
+             "23x throughput in LLM inference while reducing p50 latency\", Anyscale blog (2023)",
+             "https://www.anyscale.com/blog/continuous-batching-llm-inference")
+_PAGED = ("Woosuk Kwon et al., \"Efficient Memory Management for Large Language Model Serving with "
+          "PagedAttention\", SOSP 2023",
+          "https://arxiv.org/abs/2309.06180")
+_DGX_B200 = ("NVIDIA DGX B200 datasheet", "https://www.nvidia.com/en-us/data-center/dgx-b200/")
+_H100 = ("NVIDIA H100 Tensor Core GPU datasheet", "https://www.nvidia.com/en-us/data-center/h100/")
+_NVL72 = ("NVIDIA GB200 NVL72 product page", "https://www.nvidia.com/en-us/data-center/gb200-nvl72/")
+_GPT4O = ("OpenAI, \"Hello GPT-4o\" (2024), language tokenization table",
+          "https://openai.com/index/hello-gpt-4o/")
+_OPENAI_TOKENS = ("OpenAI Help Center, \"What are tokens and how to count them?\"",
+                  "https://help.openai.com/en/articles/4936856-what-are-tokens-and-how-to-count-them")
+_LLAMA3 = ("Llama Team, AI @ Meta, \"The Llama 3 Herd of Models\" (2024), section 3.2 (tokenizer)",
+           "https://arxiv.org/abs/2407.21783")
+_FP8 = ("Paulius Micikevicius et al., \"FP8 Formats for Deep Learning\" (2022)",
+        "https://arxiv.org/abs/2209.05433")
+_GLU = ("Noam Shazeer, \"GLU Variants Improve Transformer\" (2020)", "https://arxiv.org/abs/2002.05202")
+_FLASH = ("Tri Dao et al., \"FlashAttention: Fast and Memory-Efficient Exact Attention with "
+          "IO-Awareness\", NeurIPS 2022", "https://arxiv.org/abs/2205.14135")
+
+
+def _s(key, value, unit, what, work, note=""):
+    return Source(key, float(value), unit, what, work[0], work[1], note)
+
+
+SOURCES: dict[str, Source] = {s.key: s for s in [
+    # Scheduling: static vs continuous batching
+    _s("vllm_static_throughput", 81, "tokens/s",
+       "decode throughput of a 13B model under static batching (Hugging Face pipelines)", _ANYSCALE),
+    _s("vllm_continuous_throughput", 1900, "tokens/s",
+       "decode throughput of the same model and GPU under vLLM's continuous batching", _ANYSCALE,
+       "the post's 23x headline is this pair's ratio"),
+    # KV-cache memory
+    _s("kv_reservation_waste_low", 0.60, "fraction",
+       "KV-cache memory wasted by reservation-based systems (low end)", _PAGED,
+       "only 20.4%-38.2% of their KV memory held token states"),
+    _s("kv_reservation_waste_high", 0.80, "fraction",
+       "KV-cache memory wasted by reservation-based systems (high end)", _PAGED),
+    _s("paged_kv_waste", 0.04, "fraction",
+       "KV-cache memory wasted under PagedAttention (an upper bound: 'under 4%')", _PAGED),
+    # Chips and links
+    _s("b200_dense_fp8_flops", 4.5e15, "FLOP/s",
+       "B200 dense fp8 rate per GPU (DGX B200: 72 PFLOPS fp8 training over 8 GPUs)", _DGX_B200),
+    _s("b200_dense_bf16_flops", 2.25e15, "FLOP/s", "B200 dense bf16 rate per GPU", _DGX_B200),
+    _s("b200_hbm_bandwidth", 8e12, "bytes/s",
+       "B200 HBM bandwidth per GPU (64 TB/s over 8 GPUs)", _DGX_B200),
+    _s("b200_usable_memory", 180e9, "bytes",
+       "B200 memory per GPU as the DGX ships it (1,440 GB over 8 GPUs)", _DGX_B200),
+    _s("nvlink5_bandwidth", 1.8e12, "bytes/s",
+       "NVLink bandwidth per B200 GPU (fifth generation, both directions)", _DGX_B200),
+    _s("nvlink4_bandwidth", 900e9, "bytes/s",
+       "NVLink bandwidth per H100 SXM GPU (fourth generation, both directions)", _H100),
+    _s("nvl72_gpus", 72, "GPUs", "Blackwell GPUs in one GB200 NVL72 NVLink domain", _NVL72),
+    _s("nvl72_nvlink_bandwidth", 130e12, "bytes/s",
+       "combined NVLink bandwidth of one GB200 NVL72 rack", _NVL72),
+    # Tokenizers
+    _s("gpt4o_english_tokens_cl100k", 27, "tokens",
+       "an English sample sentence in GPT-4's tokenizer (cl100k_base)", _GPT4O),
+    _s("gpt4o_english_tokens_o200k", 24, "tokens",
+       "the same English sentence in GPT-4o's tokenizer (o200k_base)", _GPT4O),
+    _s("gpt4o_hindi_tokens_cl100k", 90, "tokens",
+       "the same sentence in Hindi, GPT-4's tokenizer (cl100k_base)", _GPT4O),
+    _s("gpt4o_hindi_tokens_o200k", 31, "tokens",
+       "the same sentence in Hindi, GPT-4o's tokenizer (o200k_base)", _GPT4O),
+    _s("openai_words_per_token", 0.75, "words/token",
+       "rule of thumb for English text in OpenAI's tokenizers (1 token is about 3/4 of a word)",
+       _OPENAI_TOKENS),
+    _s("llama3_chars_per_token", 3.94, "characters/token",
+       "Llama 3's 128K-token tokenizer on a sample of English data", _LLAMA3),
+    _s("llama2_chars_per_token", 3.17, "characters/token",
+       "Llama 2's 32K-token tokenizer on the same English sample", _LLAMA3),
+    # Number formats and layer shapes
+    _s("fp8_e4m3_mantissa_bits", 3, "bits", "explicit mantissa bits of the e4m3 fp8 format", _FP8),
+    _s("fp8_e4m3_max", 448, "", "largest finite e4m3 value", _FP8),
+    _s("swiglu_width_factor", 8 / 3, "x model width",
+       "gated-MLP width that keeps a SwiGLU layer at a plain 4x MLP's parameters (2/3 of 4d)", _GLU),
+    _s("flashattention_speedup_gpt2", 3, "x",
+       "FlashAttention's end-to-end training speedup on GPT-2 (sequence length 1K)", _FLASH),
+]}
+
+
+def get(key: str) -> Source:
+    """The registry entry ``key``; ``ValueError`` names the known keys when it is missing."""
+    try:
+        return SOURCES[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"no sourced constant {key!r}; known: {sorted(SOURCES)}") from None
+
+
+def value(key: str) -> float:
+    """The published value of ``key`` in its unit (``get(key).unit``)."""
+    return get(key).value
+
+
+def cite(key: str) -> str:
+    """The work ``key`` comes from, as a short citation string."""
+    return get(key).title
+
+
+def references() -> list[Reference]:
+    """Every cited work once, in first-use order, with the keys that quote it."""
+    works: dict[tuple[str, str], list[str]] = {}
+    for s in SOURCES.values():
+        works.setdefault((s.title, s.url), []).append(s.key)
+    return [Reference(title, url, tuple(keys)) for (title, url), keys in works.items()]
+
+
+def _format_value(s: Source) -> str:
+    v = s.value
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G")):
+        if s.unit in ("FLOP/s", "bytes/s", "bytes") and v >= scale:
+            unit = {"FLOP/s": "FLOP/s", "bytes/s": "B/s", "bytes": "B"}[s.unit]
+            return f"{v / scale:g} {prefix}{unit}"
+    if s.unit == "fraction":
+        return f"{v:.0%}"
+    text = f"{v:,.4g}" if v != int(v) else f"{int(v):,}"
+    return f"{text} {s.unit}".strip()
+
+
+def references_markdown() -> str:
+    """The body of the references appendix: one section per work, its figures listed."""
+    lines = []
+    for ref in references():
+        lines.append(f"- {ref.title}. <{ref.url}>")
+        for key in ref.keys:
+            s = SOURCES[key]
+            lines.append(f"  - `{key}`: {_format_value(s)}, {s.what}" + (f" ({s.note})" if s.note else ""))
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Source", "Reference", "SOURCES", "get", "value", "cite", "references", "references_markdown"]
