@@ -1,0 +1,79 @@
+"""servelab.moe: coverage formula vs simulated routing, bytes read, load and placement (pure)."""
+import subprocess
+import sys
+
+import pytest
+
+from servelab import moe
+
+
+def test_guides_figures():
+    assert moe.coverage(8, 256, 1) == pytest.approx(8 / 256)            # "about 3%"
+    assert moe.untouched_fraction(8, 256, 64) == pytest.approx(0.131, abs=1e-3)   # "about 13%"
+    assert moe.coverage(8, 256, 256) > 0.999                             # "nearly all"
+    assert moe.coverage(2, 8, 0) == 0 and moe.experts_touched(2, 8, 1) == pytest.approx(2)
+
+
+@pytest.mark.parametrize("k,e,b", [(8, 256, 64), (2, 8, 4), (1, 16, 16), (8, 256, 1)])
+def test_formula_matches_simulated_routing(k, e, b):
+    sim = moe.simulate_coverage(k, e, b, trials=300, seed=1)
+    assert sim == pytest.approx(moe.coverage(k, e, b), abs=0.02)
+
+
+def test_swapped_k_and_e_is_refused():
+    with pytest.raises(ValueError, match="swap"):
+        moe.coverage(256, 8, 64)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: moe.coverage(0, 8, 1), lambda: moe.coverage(2, 8, -1), lambda: moe.coverage(2.0, 8, 1),
+    lambda: moe.simulate_coverage(2, 8, 4, trials=0), lambda: moe.zipf_probs(8, -1),
+    lambda: moe.place_experts(6, 4), lambda: moe.place_experts(8, 4, {9: 2}),
+    lambda: moe.place_experts(8, 4, {0: 5}), lambda: moe.rank_loads([1, 1, 1], [[0], [1]]),
+    lambda: moe.routing_counts(2, 8, 4, probs=[1.0]), lambda: moe.load_imbalance([]),
+    lambda: moe.bytes_read_per_step("DeepSeek-V3", 8, bytes_per_param=0),
+])
+def test_bad_input(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_bytes_read_dense_like_at_serving_batches_compute_stays_active():
+    one = moe.bytes_read_per_step("DeepSeek-V3", 1)
+    big = moe.bytes_read_per_step("DeepSeek-V3", 256)
+    assert one["read_bytes"] == pytest.approx(one["active_bytes"])   # one token reads what it uses
+    assert 36e9 < one["active_bytes"] < 38e9 and 660e9 < one["total_bytes"] < 680e9
+    assert big["read_share_of_total"] > 0.99
+    assert big["active_bytes"] == one["active_bytes"]
+    reads = [moe.bytes_read_per_step("Mixtral-8x7B", b)["read_bytes"] for b in (1, 2, 4, 8, 32)]
+    assert reads == sorted(reads)
+    dense = moe.bytes_read_per_step("Llama-3-8B", 5)
+    assert dense["read_bytes"] == dense["total_bytes"] and dense["coverage"] == 1.0
+
+
+def test_routing_counts_and_skew():
+    counts = moe.routing_counts(2, 8, 1000, seed=0)
+    assert sum(counts) == 2000 and len(counts) == 8
+    hot = moe.routing_counts(2, 8, 1000, seed=0, probs=moe.zipf_probs(8, 1.5))
+    assert hot[0] == max(hot) and hot[0] > 2 * hot[-1]
+    assert moe.zipf_probs(4, 0) == [0.25] * 4
+
+
+def test_replicating_the_hot_expert_evens_the_load():
+    counts = [700, 300, 200, 200, 150, 150, 150, 150]
+    plain = moe.place_experts(8, 4)
+    assert plain == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    loads = moe.rank_loads(counts, plain)
+    assert loads == [1000, 400, 300, 300]
+    fixed = moe.rank_loads(counts, moe.place_experts(8, 4, {0: 2}))
+    assert fixed == [650, 750, 300, 300] and sum(fixed) == sum(loads)
+    assert moe.load_imbalance(fixed) < moe.load_imbalance(loads)
+
+
+def test_moe_module_is_pure_until_the_layer_is_asked_for():
+    code = ("import sys, servelab.moe as m; a = 'torch' in sys.modules; m.MoELayer; "
+            "print(a, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+    with pytest.raises(AttributeError):
+        moe.no_such_thing
