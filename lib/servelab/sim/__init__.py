@@ -1,0 +1,23 @@
+"""servelab.sim: a discrete-event simulator of serving replicas, checked against the engine.
+
+* :mod:`~servelab.sim.workload` - request streams (Poisson, gamma, JSONL traces).
+* :mod:`~servelab.sim.step_model` - step time: fitted to the engine, or a roofline on registry chips.
+* :mod:`~servelab.sim.core` - one replica: admission, policies, chunked prefill, preemption, prefix cache.
+* :mod:`~servelab.sim.pools` - many replicas, disaggregated prefill and decode pools.
+* :mod:`~servelab.sim.metrics` - TTFT, TPOT, inter-token gaps, goodput, utilisation.
+* :mod:`~servelab.sim.calibrate` - run the real engine on a trace, fit, compare (imports torch lazily).
+
+Command line: ``python -m servelab.sim check --trace FILE.jsonl`` and
+``python -m servelab.sim calibrate``.
+"""
+from servelab.sim.core import POLICIES, ReplicaConfig, simulate
+from servelab.sim.metrics import PERCENTILES, SimResult, weighted_percentile
+from servelab.sim.step_model import (FEATURES, LinearStepModel, RooflineStepModel, StepModel, StepShape,
+                                     fit_linear, step_model_from_dict)
+from servelab.sim.workload import (Exponential, Fixed, LogNormal, Mixture, Trace, Uniform, load_trace,
+                                   save_trace, synthetic)
+
+__all__ = ["POLICIES", "ReplicaConfig", "simulate", "PERCENTILES", "SimResult", "weighted_percentile",
+           "FEATURES", "LinearStepModel", "RooflineStepModel", "StepModel", "StepShape", "fit_linear",
+           "step_model_from_dict", "Exponential", "Fixed", "LogNormal", "Mixture", "Trace", "Uniform",
+           "load_trace", "save_trace", "synthetic"]
