@@ -44,7 +44,7 @@ def _step(w, b, l, k, bw, eff=0.6, over=0.002):
 Q2 = Question(
     id="q2", title="The decode step", function="decode_step_seconds", points=3, level="medium", minutes=8,
     visible=[Case(args=(200e9, 128, 8000, 163_840, 64e12), expected=_step(200e9, 128, 8000, 163_840, 64e12),
-                  rel=1e-9, label="the seed example: 128 people at 8,000 tokens")],
+                  rel=1e-9, label="the 200B example: 128 people at 8,000 tokens")],
     hidden=[
         Case(args=(200e9, 1, 0, 163_840, 64e12), expected=_step(200e9, 1, 0, 163_840, 64e12), rel=1e-9,
              label="one person, empty cache"),
@@ -59,26 +59,43 @@ Q2 = Question(
 )
 
 
-def _ttft(params, tokens, cached, peak, chips, eff, step, queue=0.0):
-    return queue + _prefill(params, tokens, peak, chips, eff, cached) + step
+def _ttft(params, tokens, cached, peak, chips, eff, step, queue=0.0, n=1):
+    """Queue + prefill (at least the last prompt token) + one step per token after the first.
+
+    The first token is sampled from the prefill's last logits: no decode step
+    comes before it. A fully cached prompt still computes its last token.
+    """
+    fresh_from = min(cached, tokens - 1)
+    return queue + _prefill(params, tokens, peak, chips, eff, fresh_from) + (n - 1) * step
 
 
 Q3 = Question(
     id="q3", title="Time to first token", function="time_to_first_token", points=3, level="medium", minutes=8,
     visible=[Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116),
                   expected=_ttft(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), rel=1e-9,
-                  label="3,000 fresh tokens, then one 11.6 ms step")],
+                  label="3,000 fresh tokens, 11.6 ms decode steps")],
     hidden=[
         Case(args=(200e9, 3000, 2400, 4.5e15, 8, 0.5, 0.0116), kwargs={"queue_seconds": 0.05},
              expected=_ttft(200e9, 3000, 2400, 4.5e15, 8, 0.5, 0.0116, 0.05), rel=1e-9,
              label="80% cached, 50 ms in the queue"),
         Case(args=(8e9, 1200, 360, 989.4e12, 1, 0.4, 0.008),
              expected=_ttft(8e9, 1200, 360, 989.4e12, 1, 0.4, 0.008), rel=1e-9),
-        Case(args=(200e9, 3000, 3000, 4.5e15, 8, 0.5, 0.0116), expected=0.0116, rel=1e-9,
-             label="fully cached: one step"),
+        Case(args=(200e9, 3000, 3000, 4.5e15, 8, 0.5, 0.0116),
+             expected=_ttft(200e9, 3000, 3000, 4.5e15, 8, 0.5, 0.0116), rel=1e-9,
+             label="fully cached: the last prompt token is still computed"),
+        Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), kwargs={"tokens": 10},
+             expected=_ttft(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116, n=10), rel=1e-9,
+             label="time until the 10th token"),
+        Case(args=(200e9, 3000, 1000, 4.5e15, 8, 0.5, 0.02), kwargs={"queue_seconds": 0.3, "tokens": 2},
+             expected=_ttft(200e9, 3000, 1000, 4.5e15, 8, 0.5, 0.02, 0.3, 2), rel=1e-9,
+             label="the 2nd token after a 300 ms queue"),
         Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, -0.01), raises=ValueError, label="negative step"),
         Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), kwargs={"queue_seconds": -1}, raises=ValueError,
              label="negative queue time"),
+        Case(args=(200e9, 3000, 0, 4.5e15, 8, 0.5, 0.0116), kwargs={"tokens": 0}, raises=ValueError,
+             label="tokens=0"),
+        Case(args=(200e9, 3000, 3500, 4.5e15, 8, 0.5, 0.0116), raises=ValueError,
+             label="more cached than sent"),
     ],
 )
 

@@ -65,7 +65,7 @@ def _step(weights, layers, kv_heads, head_dim, bytes_per_value, batch, context, 
     return roofline.decode_step_seconds(weights, bpt, batch, context, bandwidth, efficiency, overhead_s)
 
 
-# The seed's replica: 200 GB of 8-bit weights, 80 layers x 8 KV heads of 128 at 1 byte, 8 x 8 TB/s.
+# The 200B running example's replica: 200 GB of 8-bit weights, 80 layers x 8 KV heads of 128 at 1 byte, 8 x 8 TB/s.
 _SEED = (200e9, 80, 8, 128, 1)
 _BW = 64e12
 
@@ -73,10 +73,10 @@ Q2 = Question(
     id="q2", title="One decode step, cache included", function="decode_step_seconds", points=4,
     level="medium", minutes=10,
     visible=[Case(args=(*_SEED, 128, 8000, _BW), expected=_step(*_SEED, 128, 8000, _BW),
-                  label="the seed example: 128 people at 8,000 tokens (about 11.6 ms)")],
+                  label="the 200B example: 128 people at 8,000 tokens (about 11.6 ms)")],
     hidden=[
         Case(args=(*_SEED, 128, 8000, _BW), kwargs={"efficiency": 0.6, "overhead_s": 0.002},
-             expected=_step(*_SEED, 128, 8000, _BW), label="the seed example with its defaults spelled out"),
+             expected=_step(*_SEED, 128, 8000, _BW), label="the 200B example with its defaults spelled out"),
         Case(args=(200e9, 80, 8, 128, 2, 64, 32_000, _BW), expected=_step(200e9, 80, 8, 128, 2, 64, 32_000, _BW),
              label="bf16 cache, 64 people at 32,000 tokens: the KV reads outweigh the weights"),
         Case(args=(*_SEED, 1, 0, _BW), expected=_step(*_SEED, 1, 0, _BW),
@@ -118,7 +118,7 @@ Q3 = Question(
     id="q3", title="Where the cache read catches up with the weights", function="even_context", points=3,
     level="medium", minutes=10,
     visible=[Case(args=(200e9, 128, _BPT_SEED), expected=_even(200e9, 128, _BPT_SEED),
-                  label="the seed replica, 128 people")],
+                  label="the 200B replica, 128 people")],
     hidden=[
         Case(args=(16e9, 1, _BPT_8B), expected=_even(16e9, 1, _BPT_8B),
              label="Llama-3-8B, one person (chapter 11's 122k)"),
@@ -128,7 +128,7 @@ Q3 = Question(
         Case(args=(35e9, 32, 40_960.0), expected=_even(35e9, 32, 40_960.0),
              label="fractional ratio, float bytes per token"),
         Case(args=(1000, 4, 1e6), expected=1, label="less than one token still rounds up to 1"),
-        Case(args=(200e9, 1, _BPT_SEED), expected=_even(200e9, 1, _BPT_SEED), label="the seed replica, one person"),
+        Case(args=(200e9, 1, _BPT_SEED), expected=_even(200e9, 1, _BPT_SEED), label="the 200B replica, one person"),
         Case(args=(0, 128, _BPT_SEED), raises=ValueError, label="no weights"),
         Case(args=(200e9, 0, _BPT_SEED), raises=ValueError, label="zero people"),
         Case(args=(200e9, -4, _BPT_SEED), raises=ValueError, label="a negative batch"),
