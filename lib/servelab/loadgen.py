@@ -1,0 +1,507 @@
+"""A load generator for any OpenAI-compatible server: ``python -m servelab.loadgen``.
+
+It sends requests at a chosen *rate* (Poisson arrivals, or gamma arrivals for
+burstier traffic) or at a fixed *concurrency* (each client sends its next
+request when the last one finishes), streams every reply, and times each
+token's arrival on the client:
+
+* **TTFT** - time to first token: request sent -> first content chunk;
+* **TPOT** - time per output token after the first: ``(E2E - TTFT) / (n - 1)``;
+* **ITL** - inter-token latency: every gap between consecutive chunks;
+* **E2E** - request sent -> last chunk;
+* **throughput** - requests and tokens per second over the whole run;
+* **goodput** - requests per second that met every SLO you set (TTFT, TPOT, E2E).
+
+It speaks plain HTTP (server-sent events), so it measures vLLM, SGLang or a
+hosted API as readily as ``servelab.server``. Prompt and output lengths come
+from distributions (``fixed:128``, ``uniform:16:256``, ``lognormal:128:0.8``,
+``exponential:96``) or are replayed from a JSONL trace. Pure Python plus httpx;
+no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = ["SSEDecoder", "RequestSpec", "RequestRecord", "parse_length_dist", "synthetic_requests",
+           "load_trace", "arrival_times", "token_latencies", "summarize", "percentiles", "run_load",
+           "plot_results", "main", "PERCENTILES"]
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+# ------------------------------------------------------------ server-sent events
+class SSEDecoder:
+    """Incremental server-sent-events parser.
+
+    Feed it the bytes (or text) as they arrive, in pieces of any size; it
+    returns the complete events' ``data`` payloads. A line may be split across
+    reads, so a partial line waits in the buffer for its end. ``data: [DONE]``
+    comes back as the string ``"[DONE]"``; comments (``:``) and other fields are
+    skipped; several ``data:`` lines in one event are joined with newlines.
+    """
+
+    def __init__(self):
+        self._buf = ""
+        self._data: list[str] = []
+        self._bytes = b""
+
+    def feed(self, chunk: bytes | str) -> list[str]:
+        if isinstance(chunk, bytes):
+            raw = self._bytes + chunk
+            try:
+                text = raw.decode("utf-8")
+                self._bytes = b""
+            except UnicodeDecodeError as exc:  # a character split across reads
+                text = raw[:exc.start].decode("utf-8")
+                self._bytes = raw[exc.start:]
+        else:
+            text = chunk
+        self._buf += text
+        events = []
+        while True:
+            cut = min((i for i in (self._buf.find("\n"), self._buf.find("\r")) if i != -1), default=-1)
+            if cut == -1:
+                break
+            line = self._buf[:cut]
+            rest = self._buf[cut + 1:]
+            if self._buf[cut] == "\r" and rest.startswith("\n"):
+                rest = rest[1:]
+            elif self._buf[cut] == "\r" and rest == "":
+                break  # wait: the "\n" of a "\r\n" may be in the next read
+            self._buf = rest
+            if line == "":
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith(":"):
+                continue
+            else:
+                name, _, value = line.partition(":")
+                if value.startswith(" "):
+                    value = value[1:]
+                if name == "data":
+                    self._data.append(value)
+        return events
+
+
+# ------------------------------------------------------------------- workload
+@dataclass
+class RequestSpec:
+    """One request to send: a prompt (text or token ids), how many tokens to ask for, when."""
+
+    prompt: str | list[int]
+    max_tokens: int
+    prompt_len: int | None = None
+    arrival_s: float | None = None  # from a trace: seconds after the start
+
+
+def parse_length_dist(spec: str | int):
+    """``"fixed:N"`` / ``N``, ``"uniform:A:B"``, ``"lognormal:MEDIAN:SIGMA"``,
+    ``"exponential:MEAN"`` -> a function ``rng -> length >= 1``."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        spec = f"fixed:{spec}"
+    if not isinstance(spec, str):
+        raise TypeError(f"a length distribution is a string like 'fixed:128', got {spec!r}")
+    kind, *args = spec.split(":")
+    if kind.isdigit() and not args:
+        kind, args = "fixed", [kind]
+    try:
+        nums = [float(a) for a in args]
+    except ValueError:
+        raise ValueError(f"bad numbers in length distribution {spec!r}") from None
+    want = {"fixed": 1, "uniform": 2, "lognormal": 2, "exponential": 1}
+    if kind not in want:
+        raise ValueError(f"unknown length distribution {kind!r} in {spec!r}; use one of "
+                         f"fixed:N, uniform:A:B, lognormal:MEDIAN:SIGMA, exponential:MEAN")
+    if len(nums) != want[kind] or any(x <= 0 and not (kind == "lognormal" and i == 1 and x == 0)
+                                      for i, x in enumerate(nums)):
+        raise ValueError(f"{kind} needs {want[kind]} positive number(s), got {spec!r}")
+    if kind == "fixed":
+        n = int(nums[0])
+        return lambda rng: n
+    if kind == "uniform":
+        a, b = int(nums[0]), int(nums[1])
+        if b < a:
+            raise ValueError(f"uniform:A:B needs A <= B, got {spec!r}")
+        return lambda rng: rng.randint(a, b)
+    if kind == "lognormal":
+        med, sigma = nums
+        return lambda rng: max(1, int(round(rng.lognormvariate(math.log(med), sigma))))
+    mean = nums[0]
+    return lambda rng: max(1, int(round(rng.expovariate(1 / mean))))
+
+
+def synthetic_requests(n: int, input_len="fixed:32", output_len="fixed:32", *, vocab_size: int = 4000,
+                       seed: int = 0, max_input: int | None = None) -> list[RequestSpec]:
+    """``n`` requests whose prompts are random token ids of the drawn lengths (OpenAI's
+    completions API takes token-id prompts, so no tokenizer is needed)."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    rng = random.Random(seed)
+    pin, pout = parse_length_dist(input_len), parse_length_dist(output_len)
+    out = []
+    for _ in range(n):
+        p = pin(rng)
+        if max_input is not None:
+            p = min(p, max_input)
+        out.append(RequestSpec([rng.randrange(vocab_size) for _ in range(p)], pout(rng), prompt_len=p))
+    return out
+
+
+def load_trace(path: str | Path, *, vocab_size: int = 4000, seed: int = 0) -> list[RequestSpec]:
+    """Requests from a JSONL trace: one object per line with ``prompt`` (text or ids) or
+    ``prompt_len``; ``max_tokens`` or ``output_len``; optional ``timestamp`` (seconds)."""
+    rng = random.Random(seed)
+    out = []
+    with open(path) as f:
+        for k, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{k}: not JSON ({exc})") from None
+            prompt = row.get("prompt")
+            if prompt is None:
+                if "prompt_len" not in row:
+                    raise ValueError(f"{path}:{k}: needs 'prompt' or 'prompt_len'")
+                prompt = [rng.randrange(vocab_size) for _ in range(int(row["prompt_len"]))]
+            max_tokens = row.get("max_tokens", row.get("output_len"))
+            if not isinstance(max_tokens, int) or max_tokens < 1:
+                raise ValueError(f"{path}:{k}: needs 'max_tokens' (or 'output_len') >= 1, got {max_tokens!r}")
+            plen = len(prompt) if isinstance(prompt, list) else row.get("prompt_len")
+            out.append(RequestSpec(prompt, max_tokens, plen, row.get("timestamp")))
+    return out
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Send times (s after the start) of ``n`` requests at ``rate`` per second on average.
+
+    Gaps are gamma-distributed with shape ``burstiness`` and mean ``1 / rate``:
+    ``burstiness = 1`` is a Poisson process; below 1 the requests come in bursts,
+    above 1 more evenly. ``rate = inf`` sends everything at once.
+    """
+    if not (isinstance(rate, (int, float)) and rate > 0):
+        raise ValueError(f"rate must be > 0 requests/s (inf = all at once), got {rate!r}")
+    if not (isinstance(burstiness, (int, float)) and burstiness > 0):
+        raise ValueError(f"burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return out
+
+
+# -------------------------------------------------------------------- metrics
+@dataclass
+class RequestRecord:
+    """What the client saw of one request (``time.perf_counter`` seconds)."""
+
+    index: int
+    sent: float
+    prompt_len: int | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
+    done: float | None = None
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.done is not None and bool(self.chunk_times)
+
+
+def token_latencies(sent: float, token_times: Sequence[float]) -> dict:
+    """TTFT, TPOT, ITLs and E2E from a request's send time and its tokens' arrival times.
+
+    TPOT leaves the first token out (that wait is TTFT's): ``(last - first) / (n - 1)``;
+    with one token there is no TPOT (``None``).
+    """
+    if not token_times:
+        raise ValueError("no tokens arrived: TTFT, TPOT and ITL are undefined")
+    times = list(token_times)
+    if any(b < a for a, b in zip(times, times[1:])) or times[0] < sent:
+        raise ValueError("token times must be sorted and not before the send time")
+    ttft = times[0] - sent
+    n = len(times)
+    tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else None
+    return {"ttft": ttft, "tpot": tpot, "itl": [b - a for a, b in zip(times, times[1:])],
+            "e2e": times[-1] - sent}
+
+
+def percentiles(values: Iterable[float], ps: Sequence[int] = PERCENTILES) -> dict:
+    xs = sorted(v for v in values if v is not None)
+    out = {"mean": (sum(xs) / len(xs)) if xs else None, "n": len(xs)}
+    for p in ps:
+        if not xs:
+            out[f"p{p}"] = None
+            continue
+        pos = (len(xs) - 1) * p / 100
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, len(xs) - 1)
+        out[f"p{p}"] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return out
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, *, slo_ttft_s: float | None = None,
+              slo_tpot_s: float | None = None, slo_e2e_s: float | None = None) -> dict:
+    """Percentiles of TTFT/TPOT/ITL/E2E (seconds), throughput and goodput of a run."""
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    ok = [r for r in records if r.ok]
+    lat = [token_latencies(r.sent, r.chunk_times) for r in ok]
+    ttft = [x["ttft"] for x in lat]
+    e2e = [r.done - r.sent for r in ok]
+    tpot = [((r.chunk_times[-1] - r.chunk_times[0]) / (r.output_tokens - 1)) if r.output_tokens > 1 else None
+            for r in ok]
+    itl = [g for x in lat for g in x["itl"]]
+    good = 0
+    for r, t, tp, e in zip(ok, ttft, tpot, e2e):
+        if slo_ttft_s is not None and t > slo_ttft_s:
+            continue
+        if slo_tpot_s is not None and tp is not None and tp > slo_tpot_s:
+            continue
+        if slo_e2e_s is not None and e > slo_e2e_s:
+            continue
+        good += 1
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_len or 0 for r in ok)
+    return {
+        "num_requests": len(records), "completed": len(ok), "failed": len(records) - len(ok),
+        "duration_s": duration_s,
+        "request_throughput": len(ok) / duration_s,
+        "output_throughput": out_tokens / duration_s,
+        "total_token_throughput": (out_tokens + in_tokens) / duration_s,
+        "output_tokens": out_tokens, "input_tokens": in_tokens,
+        "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "itl_s": percentiles(itl),
+        "e2e_s": percentiles(e2e),
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s, "e2e_s": slo_e2e_s},
+        "goodput": good / duration_s, "good_requests": good,
+    }
+
+
+# ---------------------------------------------------------------- the client
+async def _one(client, url: str, model: str, spec: RequestSpec, index: int, *, chat: bool,
+               ignore_eos: bool, temperature: float, extra: dict | None) -> RequestRecord:
+    if chat:
+        if not isinstance(spec.prompt, str):
+            raise ValueError("the chat endpoint needs text prompts (use completions for token ids)")
+        body = {"model": model, "messages": [{"role": "user", "content": spec.prompt}]}
+    else:
+        body = {"model": model, "prompt": spec.prompt}
+    body.update(max_tokens=spec.max_tokens, temperature=temperature, stream=True,
+                stream_options={"include_usage": True})
+    if ignore_eos:
+        body["ignore_eos"] = True
+    body.update(extra or {})
+    rec = RequestRecord(index, time.perf_counter(), prompt_len=spec.prompt_len)
+    dec = SSEDecoder()
+    pieces = []
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            rec.status = r.status_code
+            if r.status_code != 200:
+                rec.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                return rec
+            async for raw in r.aiter_raw():
+                now = time.perf_counter()
+                for data in dec.feed(raw):
+                    if data == "[DONE]":
+                        rec.done = now
+                        continue
+                    ev = json.loads(data)
+                    if "error" in ev:
+                        rec.error = ev["error"].get("message", "error")
+                        continue
+                    if ev.get("usage"):
+                        rec.output_tokens = ev["usage"].get("completion_tokens", rec.output_tokens)
+                        rec.cached_tokens = (ev["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                        if rec.prompt_len is None:
+                            rec.prompt_len = ev["usage"].get("prompt_tokens")
+                    for ch in ev.get("choices", []):
+                        piece = ch["delta"].get("content") if "delta" in ch else ch.get("text")
+                        if piece:
+                            pieces.append(piece)
+                            rec.chunk_times.append(now)
+                        if ch.get("finish_reason"):
+                            rec.finish_reason = ch["finish_reason"]
+        if rec.done is None and rec.error is None:
+            rec.error = "the stream ended without data: [DONE]"
+        if rec.done is not None and rec.chunk_times:
+            rec.done = rec.chunk_times[-1]
+        if rec.output_tokens == 0:
+            rec.output_tokens = len(rec.chunk_times)  # no usage chunk: one token per chunk
+    except Exception as exc:  # noqa: BLE001 - a failed request is a result, not a crash
+        rec.error = f"{type(exc).__name__}: {exc}"
+    rec.text = "".join(pieces)
+    return rec
+
+
+async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str, rate: float = math.inf,
+                   burstiness: float = 1.0, max_concurrency: int | None = None, chat: bool = False,
+                   ignore_eos: bool = True, temperature: float = 0.0, seed: int = 0,
+                   timeout_s: float = 600.0, progress: bool = True, extra_body: dict | None = None,
+                   slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+                   slo_e2e_s: float | None = None) -> dict:
+    """Send ``requests`` to ``base_url`` and measure them (see the module docstring).
+
+    Arrivals follow the trace's timestamps if every request has one, else
+    :func:`arrival_times` at ``rate`` with ``burstiness``; ``max_concurrency``
+    caps requests in flight (with ``rate=inf`` that is a closed loop of that
+    many clients).
+    """
+    import httpx
+
+    n = len(requests)
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+    if requests and all(r.arrival_s is not None for r in requests):
+        times = [r.arrival_s for r in requests]
+    else:
+        times = arrival_times(n, rate, burstiness, seed)
+    url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n, desc="requests", leave=False)
+    cap = max_concurrency or n or 1
+    limits = httpx.Limits(max_connections=cap + 8, max_keepalive_connections=cap + 8)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+        start = time.perf_counter()
+
+        async def task(i):
+            delay = start + times[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                async with sem:
+                    rec = await _one(client, url, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                                     temperature=temperature, extra=extra_body)
+            else:
+                rec = await _one(client, url, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                                 temperature=temperature, extra=extra_body)
+            if bar is not None:
+                bar.update(1)
+            return rec
+
+        records = await asyncio.gather(*(task(i) for i in range(n)))
+        duration = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    summary = summarize(records, max(duration, 1e-9), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+                        slo_e2e_s=slo_e2e_s)
+    summary["config"] = {"base_url": base_url, "model": model, "rate": rate, "burstiness": burstiness,
+                         "max_concurrency": max_concurrency, "chat": chat, "num_prompts": n, "seed": seed}
+    summary["requests"] = [
+        {k: v for k, v in asdict(r).items() if k != "text"} | {"start": r.sent - start}
+        for r in records]
+    for row in summary["requests"]:
+        row["chunk_times"] = [t - start for t in row["chunk_times"]]
+        row["sent"] = row["sent"] - start
+        if row["done"] is not None:
+            row["done"] = row["done"] - start
+    return summary
+
+
+def plot_results(summary: dict, ax=None, title: str | None = None):
+    """Each request as a line from its send time to its last token, a dot per token."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    rows = summary["requests"]
+    for y, r in enumerate(rows):
+        if not r["chunk_times"]:
+            ax.plot([r["sent"]], [y], "x", color="tab:red")
+            continue
+        ax.plot([r["sent"], r["chunk_times"][0]], [y, y], color="tab:orange", lw=1)
+        ax.plot([r["chunk_times"][0], r["chunk_times"][-1]], [y, y], color="tab:blue", lw=1)
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("request")
+    ax.set_title(title or "orange: waiting for the first token; blue: streaming")
+    return ax
+
+
+# ------------------------------------------------------------------- the shell
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m servelab.loadgen", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="servelab-main")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf: all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson, <1 burstier")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--input-len", default="fixed:32", help="fixed:N uniform:A:B lognormal:MED:SIGMA exponential:MEAN")
+    p.add_argument("--output-len", default="fixed:32")
+    p.add_argument("--trace", default=None, help="JSONL trace to replay instead")
+    p.add_argument("--vocab-size", type=int, default=4000, help="for random token-id prompts")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--no-ignore-eos", action="store_true", help="let replies end early at the end token")
+    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--slo-e2e-ms", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the JSON results here")
+    p.add_argument("--plot", default=None, help="write a timeline plot (PNG) here")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _fmt(summary: dict) -> str:
+    lines = [f"requests: {summary['completed']} done, {summary['failed']} failed in {summary['duration_s']:.2f} s",
+             f"throughput: {summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.1f} "
+             f"output tok/s; goodput {summary['goodput']:.2f} req/s"]
+    for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        s = summary[name]
+        if s["n"]:
+            lines.append(f"{name[:-2].upper():5s} ms  " + "  ".join(
+                f"{k} {s[k] * 1e3:8.1f}" for k in ("mean", "p50", "p90", "p95", "p99")))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    if a.trace:
+        reqs = load_trace(a.trace, vocab_size=a.vocab_size, seed=a.seed)
+    else:
+        reqs = synthetic_requests(a.num_prompts, a.input_len, a.output_len, vocab_size=a.vocab_size, seed=a.seed)
+    ms = (lambda v: None if v is None else v / 1e3)
+    summary = asyncio.run(run_load(a.base_url, reqs, model=a.model, rate=a.request_rate,
+                                   burstiness=a.burstiness, max_concurrency=a.max_concurrency,
+                                   chat=a.endpoint == "chat", ignore_eos=not a.no_ignore_eos,
+                                   temperature=a.temperature, seed=a.seed, progress=not a.no_progress,
+                                   slo_ttft_s=ms(a.slo_ttft_ms), slo_tpot_s=ms(a.slo_tpot_ms),
+                                   slo_e2e_s=ms(a.slo_e2e_ms)))
+    print(_fmt(summary))
+    if a.out:
+        Path(a.out).write_text(json.dumps(summary, indent=1, default=float))
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        ax = plot_results(summary)
+        ax.figure.tight_layout()
+        ax.figure.savefig(a.plot, dpi=120)
+        plt.close(ax.figure)
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

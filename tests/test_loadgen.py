@@ -1,0 +1,128 @@
+"""servelab.loadgen: SSE parsing, workloads, arrivals, latency maths, and a real run."""
+import asyncio
+import json
+import math
+import random
+import statistics
+
+import httpx
+import pytest
+
+from servelab.loadgen import (RequestRecord, RequestSpec, SSEDecoder, arrival_times, load_trace, main,
+                              parse_length_dist, percentiles, run_load, summarize, synthetic_requests,
+                              token_latencies)
+
+STREAM = (b'data: {"a": 1}\n\n: keep-alive comment\n\ndata: {"b": "\xc3\xa9t\xc3\xa9"}\r\n\r\n'
+          b'event: x\ndata: line1\ndata: line2\n\ndata: [DONE]\n\n')
+EXPECT = ['{"a": 1}', '{"b": "été"}', "line1\nline2", "[DONE]"]
+
+
+def test_sse_decoder_whole_and_split_at_every_byte():
+    assert SSEDecoder().feed(STREAM) == EXPECT
+    for cut in range(1, len(STREAM)):
+        d = SSEDecoder()
+        assert d.feed(STREAM[:cut]) + d.feed(STREAM[cut:]) == EXPECT, cut
+    d = SSEDecoder()
+    assert [e for b in STREAM for e in d.feed(bytes([b]))] == EXPECT
+    assert SSEDecoder().feed('data: {"x": 2}\n\n') == ['{"x": 2}']  # text works too
+    assert SSEDecoder().feed(b'data: {"x": 2}\n') == []  # no blank line yet: not complete
+
+
+def test_length_distributions():
+    rng = random.Random(0)
+    assert parse_length_dist("fixed:7")(rng) == 7 and parse_length_dist(5)(rng) == 5
+    xs = [parse_length_dist("uniform:3:9")(rng) for _ in range(500)]
+    assert min(xs) == 3 and max(xs) == 9
+    ln = [parse_length_dist("lognormal:100:0.5")(rng) for _ in range(2000)]
+    assert 85 < statistics.median(ln) < 115
+    ex = [parse_length_dist("exponential:50")(rng) for _ in range(4000)]
+    assert 45 < statistics.mean(ex) < 55 and min(ex) >= 1
+    for bad in ("gauss:3", "fixed", "uniform:9:3", "fixed:-2", "fixed:x"):
+        with pytest.raises(ValueError):
+            parse_length_dist(bad)
+    with pytest.raises(TypeError):
+        parse_length_dist(3.5)
+
+
+def test_synthetic_requests_and_trace(tmp_path):
+    reqs = synthetic_requests(20, "uniform:4:8", "fixed:3", vocab_size=50, seed=1)
+    assert len(reqs) == 20 and all(4 <= len(r.prompt) <= 8 for r in reqs)
+    assert all(r.max_tokens == 3 and r.prompt_len == len(r.prompt) and max(r.prompt) < 50 for r in reqs)
+    assert synthetic_requests(20, "uniform:4:8", "fixed:3", vocab_size=50, seed=1) == reqs
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "hi", "max_tokens": 4, "timestamp": 0.5}\n\n{"prompt_len": 6, "output_len": 2}\n')
+    t = load_trace(path)
+    assert t[0] == RequestSpec("hi", 4, None, 0.5) and len(t[1].prompt) == 6 and t[1].max_tokens == 2
+    path.write_text('{"prompt": "hi"}\n')
+    with pytest.raises(ValueError, match="max_tokens"):
+        load_trace(path)
+
+
+def test_arrivals_rate_and_burstiness():
+    n = 4000
+    poisson = arrival_times(n, rate=10, seed=0)
+    gaps = [b - a for a, b in zip(poisson, poisson[1:])]
+    assert poisson[0] == 0 and abs(statistics.mean(gaps) - 0.1) < 0.01
+    cv = statistics.pstdev(gaps) / statistics.mean(gaps)
+    assert 0.9 < cv < 1.1  # exponential gaps: coefficient of variation 1
+    bursty = arrival_times(n, rate=10, burstiness=0.25, seed=0)
+    bg = [b - a for a, b in zip(bursty, bursty[1:])]
+    assert statistics.pstdev(bg) / statistics.mean(bg) > 1.6  # gamma shape k: CV = 1/sqrt(k) = 2
+    assert arrival_times(3, math.inf) == [0.0, 0.0, 0.0]
+    for bad in (dict(rate=0), dict(rate=-1), dict(rate=1, burstiness=0)):
+        with pytest.raises(ValueError):
+            arrival_times(5, **bad)
+
+
+def test_token_latencies_tpot_excludes_the_first_token():
+    lat = token_latencies(10.0, [10.5, 10.6, 10.8, 11.1])
+    assert lat["ttft"] == pytest.approx(0.5) and lat["e2e"] == pytest.approx(1.1)
+    assert lat["tpot"] == pytest.approx(0.2) and lat["itl"] == pytest.approx([0.1, 0.2, 0.3])
+    assert token_latencies(0.0, [1.0])["tpot"] is None
+    with pytest.raises(ValueError):
+        token_latencies(0.0, [])
+    with pytest.raises(ValueError):
+        token_latencies(0.0, [2.0, 1.0])
+
+
+def test_percentiles_and_goodput():
+    p = percentiles([1, 2, 3, 4, 5])
+    assert p["p50"] == 3 and p["mean"] == 3 and p["p90"] == pytest.approx(4.6)
+    recs = [RequestRecord(0, 0.0, 4, [0.1, 0.2, 0.3], 0.3, 3), RequestRecord(1, 0.0, 4, [0.9, 1.0], 1.0, 2),
+            RequestRecord(2, 0.0, 4, error="boom")]
+    s = summarize(recs, 2.0, slo_ttft_s=0.5)
+    assert s["completed"] == 2 and s["failed"] == 1 and s["good_requests"] == 1 and s["goodput"] == 0.5
+    assert s["output_throughput"] == 2.5 and s["tpot_s"]["p50"] == pytest.approx(0.1)
+
+
+@pytest.fixture(scope="module")
+def server():
+    from servelab.bpe import load_course_tokenizer
+    from servelab.server import ServerSettings, ServerThread, build_engine, create_app
+    from test_server import MODEL, tiny_model
+    engine = build_engine(tiny_model(), load_course_tokenizer(), num_kv_blocks=256)
+    with ServerThread(create_app(engine, ServerSettings(model_name=MODEL))) as srv:
+        yield srv
+
+
+def test_run_load_against_the_server(server):
+    reqs = synthetic_requests(12, "uniform:4:20", "uniform:2:6", vocab_size=4000, seed=3)
+    s = asyncio.run(run_load(server.url, reqs, model="tiny", rate=200, max_concurrency=4, progress=False,
+                             slo_ttft_s=60))
+    assert s["completed"] == 12 and s["failed"] == 0
+    assert s["output_tokens"] == sum(r.max_tokens for r in reqs)  # ignore_eos: exact lengths
+    assert s["good_requests"] == 12 and s["ttft_s"]["p99"] >= s["ttft_s"]["p50"] > 0
+    assert all(r["output_tokens"] == q.max_tokens for r, q in zip(s["requests"], reqs))
+    bad = asyncio.run(run_load(server.url, reqs[:2], model="nope", progress=False))
+    assert bad["failed"] == 2 and "404" in bad["requests"][0]["error"]
+
+
+def test_cli_writes_json_and_plot(server, tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    code = main(["--base-url", server.url, "--model", "tiny", "--num-prompts", "6", "--input-len", "fixed:8",
+                 "--output-len", "fixed:3", "--request-rate", "50", "--burstiness", "0.5", "--no-progress",
+                 "--out", str(out), "--plot", str(png), "--slo-ttft-ms", "60000"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["completed"] == 6 and data["output_tokens"] == 18 and png.stat().st_size > 1000
+    assert "TTFT" in capsys.readouterr().out
