@@ -1,6 +1,10 @@
 """Benchmark servelab.bpe: training time and encoding throughput next to the real libraries.
 
     .venv/bin/python benchmarks/bench_bpe.py [--mb 10] [--repeats 3]
+    .venv/bin/python benchmarks/bench_bpe.py --quick --out /tmp/x   # smoke run, seconds
+
+``--quick`` trains a 512-id vocabulary on 0.1 million characters, once, and writes
+``bpe.md``/``bpe.json`` into the folder ``--out`` (never into results/ unless asked).
 
 Training: a 4,096-id vocabulary (GPT-4 split, the five course special tokens) on the first
 ``--mb`` million characters of the corpus's training split, for
@@ -63,16 +67,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--mb", type=float, default=10.0, help="million characters of corpus text (default 10)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--naive-merges", type=int, default=20, help="merges to time the naive trainer over")
-    ap.add_argument("--out", default=str(RESULTS / "bpe"))
+    ap.add_argument("--out", default=None,
+                    help="results path prefix (default benchmarks/results/bpe); with --quick, a folder")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run in seconds: 0.1M characters, a 512-id vocabulary, one repeat")
     args = ap.parse_args(argv)
+    vocab = bpe.COURSE_VOCAB_SIZE
+    if args.quick:
+        if args.out is None:
+            ap.error("--quick needs --out FOLDER (a smoke run never overwrites benchmarks/results)")
+        args.mb, args.repeats, args.naive_merges, vocab = 0.1, 1, 2, 512
+        args.out = str(Path(args.out) / "bpe")
+    elif args.out is None:
+        args.out = str(RESULTS / "bpe")
 
     n_chars = int(args.mb * 1_000_000)
     text = corpus.load_text("train", max_chars=n_chars)
     n_bytes = len(text.encode("utf-8"))
     docs = text.split(corpus.DOCUMENT_SEPARATOR)
     specials = bpe.COURSE_SPECIAL_TOKENS
-    vocab = bpe.COURSE_VOCAB_SIZE
-    res = {"machine": machine(), "text": {"chars": len(text), "utf8_bytes": n_bytes, "documents": len(docs),
+    res = {"quick": args.quick, "machine": machine(), "text": {"chars": len(text), "utf8_bytes": n_bytes, "documents": len(docs),
                                           "source": "servelab.corpus.load_text('train', max_chars=N)"},
            "vocab_size": vocab, "special_tokens": list(specials)}
     print(f"text: {len(text):,} chars, {n_bytes:,} bytes, {len(docs)} documents")
@@ -150,7 +164,7 @@ def write(res: dict, out: Path) -> None:
     v = m  # package versions sit beside the machine facts (servelab.machine.describe)
     md_text = f"""# BPE benchmark (`benchmarks/bench_bpe.py`)
 
-Run: `.venv/bin/python benchmarks/bench_bpe.py` on {m['date']}.
+Run: `.venv/bin/python benchmarks/bench_bpe.py{' --quick' if res.get('quick') else ''}` on {m['date']}.
 Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs (one thread used), {m['platform']}, Python {m['python']}.
 Versions: tiktoken {v['tiktoken']}, tokenizers {v['tokenizers']}, regex {v['regex']}, numpy {v['numpy']}, torch {v['torch']}.
 Text: first {res['text']['chars']:,} characters of the corpus training split ({res['text']['utf8_bytes']:,} UTF-8 bytes,

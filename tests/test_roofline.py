@@ -258,8 +258,9 @@ def test_cli_main_tiny(monkeypatch, tmp_path, capsys):
     import json
 
     real = rl.measure
-    monkeypatch.setattr(rl, "measure", lambda quick, threads: real(
-        model=TINY, batches=(1,), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False, threads=threads))
+    monkeypatch.setattr(rl, "measure", lambda quick, threads, device="cpu": real(
+        model=TINY, batches=(1,), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False, threads=threads,
+        device=device))
     out = tmp_path / "r.json"
     png = tmp_path / "r.png"
     assert rl.main(["--json", str(out), "--plot", str(png)]) == 0
@@ -287,3 +288,25 @@ def test_measure_min_statistic_and_bad_statistic():
     assert res.model["statistic"] == "min" and res.decode("fp32")
     with pytest.raises(ValueError, match="statistic"):
         rl.measure_bandwidth(4, 1, statistic="mean")
+
+
+def test_measure_device_is_checked():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        rl.measure(model=TINY, progress=False, device="tpu")
+    with pytest.raises(TypeError, match="device"):
+        rl.check_device(0)
+    assert rl.check_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            rl.measure(model=TINY, progress=False, device="cuda")
+
+
+def test_measure_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here; the CPU stays the default")
+    res = rl.measure(model=TINY, batches=(1, 2), repeats=1, bandwidth_mb=4, matmul_n=64, progress=False,
+                     device="cuda")
+    assert res.model["device"] == "cuda" and "device" in res.machine
+    assert res.decode("fp32") and res.decode("bf16") and res.matvec_bandwidth > 0

@@ -495,22 +495,50 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
 STATISTICS = ("median", "min")
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1, statistic: str = "median") -> float:
+def check_device(device: str = "cpu") -> str:
+    """``device`` as torch spells it ("cpu", "cuda", "cuda:1"); a GPU must be present."""
+    import torch
+
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"measurements run on 'cpu' or 'cuda' ('cuda:N'), got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but this machine has no CUDA GPU that torch can use; "
+                         "measure on device='cpu'")
+    return device
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1, statistic: str = "median",
+                    device: str = "cpu") -> float:
     """Median (default) or minimum of ``repeats`` timed calls after ``warmup`` untimed ones.
 
     The minimum estimates an undisturbed run on a machine shared with other work:
-    interference only ever adds time.
+    interference only ever adds time. On a GPU (``device`` "cuda...") each call is
+    followed by a synchronize, so the time is the kernels' and not their launch.
     """
     import statistics
 
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+    sync = _synchronizer(device)
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) if statistic == "median" else min(times)
 
@@ -524,35 +552,38 @@ def _row(kind: str, name: str, dtype: str, seconds: float, nbytes: float = 0.0, 
     return row
 
 
-def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "median") -> list[dict[str, Any]]:
+def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "median",
+                      device: str = "cpu") -> list[dict[str, Any]]:
     """Memory bandwidth two ways: a large copy (read + write) and a matrix-vector product (read)."""
     import torch
 
     _check_count("size_mb", size_mb)
+    check_device(device)
     n = size_mb * 1_000_000 // 4
-    src = torch.full((n,), 0.5)  # values do not matter; filling is faster than random numbers
+    src = torch.full((n,), 0.5, device=device)  # values do not matter; filling beats random numbers
     dst = torch.empty_like(src)
-    copy_s = _median_seconds(lambda: dst.copy_(src), repeats, statistic=statistic)
+    copy_s = _median_seconds(lambda: dst.copy_(src), repeats, statistic=statistic, device=device)
     del dst
     side = int(math.sqrt(n))
     w = src[: side * side].view(side, side)
-    x = torch.full((side,), 0.5)
-    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats, statistic=statistic)
+    x = torch.full((side,), 0.5, device=device)
+    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats, statistic=statistic, device=device)
     return [_row("bandwidth", "copy (read+write)", "fp32", copy_s, nbytes=2 * src.numel() * 4),
             _row("bandwidth", "matrix-vector", "fp32", mv_s, nbytes=side * side * 4, ops=2 * side * side)]
 
 
 def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 5,
-                   statistic: str = "median") -> list[dict[str, Any]]:
+                   statistic: str = "median", device: str = "cpu") -> list[dict[str, Any]]:
     """Square matrix-product rate per format: the machine's arithmetic peak in practice."""
     import torch
 
     _check_count("n", n)
+    check_device(device)
     rows = []
     for dtype in dtypes:
         tdt = _torch_dtype(dtype)
-        a, b = torch.rand(n, n).to(tdt), torch.rand(n, n).to(tdt)
-        s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic)
+        a, b = torch.rand(n, n).to(device, tdt), torch.rand(n, n).to(device, tdt)
+        s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic, device=device)
         rows.append(_row("matmul", "matmul", dtype, s, nbytes=3 * n * n * a.element_size(), ops=2.0 * n ** 3))
     return rows
 
@@ -566,12 +597,13 @@ def _torch_dtype(name: str):
     return table[name]
 
 
-def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp32", seed: int = 0):
+def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp32", seed: int = 0,
+                      device: str = "cpu"):
     """A random-weight Llama-style decoder (servelab.model) for timing decode steps.
 
     Its Q/K/V and gate/up projections are fused (``LlamaModel.fuse_projections``),
     as in a serving engine: a decode step streams its weights in fewer, longer
-    matrix-vector products.
+    matrix-vector products. Built on the CPU, then moved to ``device``.
     """
     import torch
 
@@ -583,7 +615,7 @@ def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp3
     config = LlamaConfig(max_position_embeddings=4096, **shape)
     with torch.device("cpu"):
         model = LlamaModel(config).init_weights(seed=seed)
-    return model.to(_torch_dtype(dtype)).eval().fuse_projections()
+    return model.to(check_device(device), _torch_dtype(dtype)).eval().fuse_projections()
 
 
 def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens: int = 32, repeats: int = 5,
@@ -607,21 +639,22 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     weight_bytes_read = (params - (0 if tied else embed)) * elem
     rows = []
-    g = torch.Generator().manual_seed(0)
+    device = str(next(model.parameters()).device)
+    g = torch.Generator(device=device).manual_seed(0)
     for batch in batches:
         _check_count("batch", batch)
         cache = model.new_cache(batch_size=batch, max_len=context_tokens + 1)
         cache.k.normal_(generator=g)
         cache.v.normal_(generator=g)
         cache.advance(context_tokens)
-        ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
+        ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g, device=device)
 
         def step():
             with torch.inference_mode():
                 model(ids, cache=cache)
             cache.crop(context_tokens)
 
-        seconds = _median_seconds(step, repeats, statistic=statistic)
+        seconds = _median_seconds(step, repeats, statistic=statistic, device=device)
         kv_bytes = 2 * cache.k[:, :, :, :context_tokens + 1].numel() * elem
         ops = 2.0 * matmul_params * batch
         rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes_read + kv_bytes, ops=ops,
@@ -636,8 +669,13 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
 def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32", "bf16"),
             batches: Sequence[int] | None = None, repeats: int | None = None, context_tokens: int = 32,
             progress: bool = True, model: str | Mapping[str, int] | None = None,
-            bandwidth_mb: int | None = None, matmul_n: int = 2048, statistic: str = "median") -> MeasureResult:
+            bandwidth_mb: int | None = None, matmul_n: int = 2048, statistic: str = "median",
+            device: str = "cpu") -> MeasureResult:
     """Measure this machine: bandwidth, matmul rates and a decode-step sweep, on ``threads`` threads.
+
+    ``device="cuda"`` measures the GPU instead (its memory, its matmul rates, the
+    decoder on it; ``threads`` then only sets the CPU threads that launch the work).
+    The CPU stays the default.
 
     ``quick=True`` (default) uses a ~62M-parameter decoder and seven batch
     sizes, under a minute on one laptop core; ``quick=False`` the ~213M one and
@@ -650,6 +688,7 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
     import torch
 
     _check_count("threads", threads)
+    check_device(device)
     batches = tuple(batches or (QUICK_BATCHES if quick else LARGE_BATCHES))
     repeats = repeats or (5 if quick else 7)
     size = model if model is not None else ("quick" if quick else "large")
@@ -666,20 +705,23 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
             from tqdm.auto import tqdm
             bar = tqdm(total=total, desc="measuring", leave=False)
         tick = bar.update if bar is not None else (lambda n=1: None)
-        rows = measure_bandwidth(bandwidth_mb, repeats, statistic)
+        rows = measure_bandwidth(bandwidth_mb, repeats, statistic, device=device)
         tick()
-        rows += measure_matmul(matmul_n, dtypes, repeats, statistic)
+        rows += measure_matmul(matmul_n, dtypes, repeats, statistic, device=device)
         tick()
         model_info: dict[str, Any] = {"size": size if isinstance(size, str) else "custom",
                                       "context_tokens": context_tokens, "shape": shape,
-                                      "statistic": statistic, "repeats": repeats}
+                                      "statistic": statistic, "repeats": repeats, "device": device}
         for dtype in dtypes:
-            decoder = build_sweep_model(shape, dtype)
+            decoder = build_sweep_model(shape, dtype, device=device)
             model_info["params"] = sum(p.numel() for p in decoder.parameters())
             tick()
             rows += measure_decode(decoder, batches, context_tokens, repeats, progress=tick, statistic=statistic)
             del decoder
-        return MeasureResult(rows=rows, machine=machine_info(threads), model=model_info)
+        info = machine_info(threads)
+        if device.startswith("cuda"):
+            info["device"] = torch.cuda.get_device_name(device)
+        return MeasureResult(rows=rows, machine=info, model=model_info)
     finally:
         if bar is not None:
             bar.close()
@@ -696,10 +738,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  "and decode steps, and draw its roofline.")
     parser.add_argument("--large", action="store_true", help="the ~213M-parameter decoder and more batch sizes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda' to measure a GPU")
     parser.add_argument("--plot", metavar="FILE", help="save the roofline plot (PNG)")
     parser.add_argument("--json", metavar="FILE", help="save the rows and machine as JSON")
     args = parser.parse_args(argv)
-    result = measure(quick=not args.large, threads=args.threads)
+    result = measure(quick=not args.large, threads=args.threads, device=args.device)
     print(result.machine)
     print(result.table())
     if args.json:
