@@ -134,6 +134,19 @@ def test_ngram_proposer_copies_what_followed_the_latest_match():
         NgramProposer(3, 2)
 
 
+def test_stats_count_only_the_drafts_that_were_judged():
+    from servelab.speculative import SpecStats
+    st = SpecStats()
+    st.record(4, 1)      # kept one, rejected the second; drafts 3 and 4 never judged
+    st.record(4, 4)
+    st.record(2, 0)
+    assert st.reached_at == [3, 2, 1, 1] and st.accepted_at == [2, 1, 1, 1]
+    assert st.acceptance_rate == 5 / 7
+    assert st.acceptance_by_position == [2 / 3, 0.5, 1.0, 1.0]
+    with pytest.raises(ValueError):
+        st.record(2, 3)
+
+
 def test_draft_proposer_rolls_back_to_the_common_prefix():
     draft = _model(seed=3)
     prop = DraftModelProposer(draft, max_len=64)

@@ -24,6 +24,7 @@ over contiguous caches (the engine runs the same rule per sequence).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -135,16 +136,19 @@ def expected_tokens_per_pass(a: float, k: int) -> float:
     return (1 - a ** (k + 1)) / (1 - a)
 
 
-def expected_speedup(a: float, k: int, c: float) -> float:
+def expected_speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Speed-up over plain decoding when a draft step costs ``c`` target steps.
 
-    One round costs k draft steps and one target pass (taken as one target
-    step: the pass is memory-bound, so k + 1 rows cost about one row), and
-    emits ``expected_tokens_per_pass(a, k)`` tokens: speed-up = E / (k c + 1).
+    One round costs k draft steps and one target pass over k + 1 rows, and
+    emits ``expected_tokens_per_pass(a, k)`` tokens: speed-up = E / (k c + v).
+    ``verify_cost`` v is that pass in target decode steps: about 1 while the
+    step is memory-bound (k + 1 rows cost about one row), more once it is not.
     """
     if c < 0:
         raise ValueError(f"draft cost c must be >= 0 (in target steps), got {c}")
-    return expected_tokens_per_pass(a, k) / (k * c + 1)
+    if verify_cost <= 0:
+        raise ValueError(f"verify_cost must be > 0 (in target steps), got {verify_cost}")
+    return expected_tokens_per_pass(a, k) / (k * c + verify_cost)
 
 
 def best_num_speculative_tokens(a: float, c: float, k_max: int = 16) -> int:
@@ -332,34 +336,57 @@ class DraftModelProposer:
 
 @dataclass
 class SpecStats:
-    """What a speculative run did: passes, proposals, acceptance by position."""
+    """What a speculative run did: passes, proposals, acceptance by position, time.
+
+    A draft position is *reached* when every draft before it was accepted; the
+    acceptance rate a of the formula is accepted / reached (positions after a
+    rejection are never judged, so counting them would understate a).
+    """
 
     target_passes: int = 0
     draft_steps: int = 0
     proposed: int = 0
     accepted: int = 0
-    proposed_at: list[int] = field(default_factory=list)  # drafts offered at position i
-    accepted_at: list[int] = field(default_factory=list)  # drafts accepted at position i
+    reached_at: list[int] = field(default_factory=list)   # rounds that judged draft position i
+    accepted_at: list[int] = field(default_factory=list)  # rounds that accepted draft position i
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    proposal_lengths: list[int] = field(default_factory=list)  # drafts offered in each round
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
-        grow = num_proposed - len(self.proposed_at)
+        if not 0 <= num_accepted <= num_proposed:
+            raise ValueError(f"accepted {num_accepted} of {num_proposed} proposals?")
+        grow = num_proposed - len(self.reached_at)
         if grow > 0:
-            self.proposed_at += [0] * grow
+            self.reached_at += [0] * grow
             self.accepted_at += [0] * grow
-        for i in range(num_proposed):
-            self.proposed_at[i] += 1
+        for i in range(min(num_accepted + 1, num_proposed)):
+            self.reached_at[i] += 1
             self.accepted_at[i] += i < num_accepted
         self.proposed += num_proposed
         self.accepted += num_accepted
+        self.proposal_lengths.append(num_proposed)
+
+    @property
+    def reached(self) -> int:
+        return sum(self.reached_at)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
+        """Accepted / judged drafts: the a of :func:`expected_tokens_per_pass`."""
+        return self.accepted / self.reached if self.reached else 0.0
+
+    def predicted_tokens_per_pass(self, a: float | None = None) -> float:
+        """The formula averaged over the rounds as they were offered: a prompt-lookup
+        round with no match offers 0 drafts and yields 1 token, whatever a is."""
+        a = self.acceptance_rate if a is None else a
+        n = len(self.proposal_lengths)
+        return sum(expected_tokens_per_pass(a, k) for k in self.proposal_lengths) / n if n else 0.0
 
     @property
-    def acceptance_by_position(self) -> list[float]:
-        """P(draft i accepted | draft i offered): conditional on the drafts before it."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+    def acceptance_by_position(self) -> list[float | None]:
+        """P(draft i accepted | drafts before it accepted); None where never reached."""
+        return [a / r if r else None for a, r in zip(self.accepted_at, self.reached_at)]
 
 
 @dataclass
@@ -415,14 +442,19 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
         finish, reason, text = "length", None, ""
         while len(out) < params.max_tokens:
             k = min(num_speculative_tokens, params.max_tokens - len(out) - 1)
+            t0 = time.perf_counter()
             drafts, q = proposer.propose(context, k, params, generator) if k > 0 else ([], None)
+            t1 = time.perf_counter()
             if not getattr(proposer, "deterministic", False):
                 stats.draft_steps += len(drafts)
             base = cache.length
             logits = target(torch.tensor([[context[-1]] + list(drafts)], device=device), cache=cache)[0]
-            stats.target_passes += 1
             p = sampling_probs(logits, params)
             emitted = acceptance(drafts, p, q, generator)
+            t2 = time.perf_counter()
+            stats.draft_seconds += t1 - t0
+            stats.target_seconds += t2 - t1
+            stats.target_passes += 1
             stats.record(len(drafts), len(emitted) - 1)
             cache.crop(base + len(emitted))  # pending + accepted drafts; the last emitted is the new pending
             done = False
