@@ -288,3 +288,14 @@ def test_chi_square_helper_matches_known_values():
     # P(chi2_2 > x) = exp(-x / 2)
     assert _gammaincc(1.0, 1.5) == pytest.approx(math.exp(-1.5), rel=1e-9)
     assert _gammaincc(1.0, 0.3) == pytest.approx(math.exp(-0.3), rel=1e-9)
+
+
+def test_speedup_fades_once_the_verify_step_turns_compute_bound():
+    from servelab.roofline import EXAMPLE_REPLICA as r
+    from servelab.speculative import speedup_at_batch, verify_step_seconds
+    a, k, c = 0.8, 4, 0.05
+    lone = speedup_at_batch(r, 1, 8000, a, k, c)
+    assert lone == pytest.approx(expected_speedup(a, k, c, verify_cost=1.0), rel=0.01)
+    assert verify_step_seconds(r, 1, 8000, 0) == pytest.approx(r.step_seconds(1, 8000))
+    crowd = [speedup_at_batch(r, b, 1000, a, k, c) for b in (1, 16, 64, 256, 1024)]
+    assert crowd == sorted(crowd, reverse=True) and crowd[-1] < 1 < crowd[0]

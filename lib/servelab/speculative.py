@@ -37,6 +37,8 @@ __all__ = [
     "accept_tokens",
     "accept_with_uniforms",
     "worth_speculating",
+    "verify_step_seconds",
+    "speedup_at_batch",
     "NgramProposer",
     "DraftModelProposer",
     "SpecStats",
@@ -162,6 +164,32 @@ def worth_speculating(a: float, c: float, k_max: int = 16) -> int:
     """The k to run with, or 0 when no k in 1..k_max beats plain decoding."""
     k = best_num_speculative_tokens(a, c, k_max)
     return k if expected_speedup(a, k, c) > 1 else 0
+
+
+def verify_step_seconds(replica, batch: int, context_tokens: int, k: int) -> float:
+    """One verifying step on a :class:`servelab.roofline.Replica`: every one of
+    ``batch`` people sends k + 1 rows. Memory reads are those of a plain step
+    (the weights once, each cache once; k new K/V rows are negligible), the
+    arithmetic is k + 1 times a plain step's: the step turns compute-bound
+    k + 1 times sooner."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    return replica.overhead_s + max(replica.memory_seconds(batch, context_tokens),
+                                    replica.compute_seconds(batch * (k + 1)))
+
+
+def speedup_at_batch(replica, batch: int, context_tokens: int, a: float, k: int, c: float) -> float:
+    """Speculation's speed-up per person when ``batch`` people share the replica.
+
+    A round is k draft steps (each ``c`` times a plain step at that batch) and
+    one verifying step; it yields E(a, k) tokens against one token per plain
+    step. Near batch 1 the verify step costs a plain step and the speed-up is
+    the formula's; past the replica's balance batch / (k + 1) the verify
+    step's arithmetic grows with k + 1 and the speed-up fades below 1.
+    """
+    plain = replica.step_seconds(batch, context_tokens)
+    round_s = k * c * plain + verify_step_seconds(replica, batch, context_tokens, k)
+    return expected_tokens_per_pass(a, k) * plain / round_s
 
 
 # ---------------------------------------------------------------- the rule
