@@ -199,7 +199,8 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                 lp = _lp(req, out, sent_tokens, n_tok, sent_chars)
                 finish = out.finish_reason if out.finished else None
                 if out.delta_text or first or finish or lp:
-                    yield sse(protocol.chunk(req, out.delta_text, finish, lp, first=first))
+                    yield sse(protocol.chunk(req, out.delta_text, finish, lp, first=first,
+                                             stop_reason=out.outputs[0].stop_reason if finish else None))
                     first = False
                 sent_tokens = n_tok
                 sent_chars += len(out.delta_text)
@@ -234,7 +235,8 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                 if out.finished:
                     done = True
                     body = protocol.response(req, out.text, out.finish_reason, _usage(req, out),
-                                             _lp(req, out, 0, len(out.token_ids)))
+                                             _lp(req, out, 0, len(out.token_ids)),
+                                             stop_reason=out.outputs[0].stop_reason)
                     if req.return_timings:
                         body["servelab_timings"] = _timings(req_t, out)
                     return JSONResponse(body)

@@ -332,7 +332,7 @@ def logprobs_payload(req: ParsedRequest, tokenizer, token_ids, lps, tops, text_o
 
 
 def chunk(req: ParsedRequest, text: str, finish_reason: str | None, logprobs=None,
-          first: bool = False) -> dict:
+          first: bool = False, stop_reason=None) -> dict:
     """One streamed chunk (``chat.completion.chunk`` or ``text_completion``)."""
     if req.kind == "chat":
         delta: dict = {}
@@ -345,6 +345,8 @@ def chunk(req: ParsedRequest, text: str, finish_reason: str | None, logprobs=Non
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
+    if finish_reason is not None:
+        choice["stop_reason"] = stop_reason  # vLLM's extension: the stop string or token id
     return {"id": req.response_id, "object": obj, "created": req.created, "model": req.model,
             "choices": [choice]}
 
@@ -355,12 +357,15 @@ def usage_chunk(req: ParsedRequest, use: dict) -> dict:
             "choices": [], "usage": use}
 
 
-def response(req: ParsedRequest, text: str, finish_reason: str, use: dict, logprobs=None) -> dict:
-    """The whole (non-streamed) response."""
+def response(req: ParsedRequest, text: str, finish_reason: str, use: dict, logprobs=None,
+             stop_reason=None) -> dict:
+    """The whole (non-streamed) response. ``stop_reason`` (vLLM's extension) says which
+    stop string or stop token ended it; ``None`` with ``finish_reason="stop"`` = the end token."""
     if req.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": logprobs, "finish_reason": finish_reason}
+                  "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
     return {"id": req.response_id, "object": req.object_name, "created": req.created,
             "model": req.model, "choices": [choice], "usage": use}
