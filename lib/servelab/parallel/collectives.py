@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from servelab.parallel.launch import DEFAULT_TIMEOUT_S, launch
 
-__all__ = ["ring_all_reduce", "measure_collectives"]
+__all__ = ["ring_all_reduce", "measure_collectives", "compare_ring_with_gloo"]
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None) -> dict:
@@ -112,3 +112,22 @@ def measure_collectives(sizes_bytes=(4_096, 65_536, 1_048_576, 4_194_304), world
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     return launch(_measure_worker, world_size, (sizes, repeats), timeout)[0]
+
+
+def compare_ring_with_gloo(world_size: int = 4, shapes=((10,), (1000,), (64, 64)),
+                           timeout: float = DEFAULT_TIMEOUT_S) -> list[dict]:
+    """Sum integer-valued random tensors with gloo's all-reduce and with :func:`ring_all_reduce`.
+
+    Returns, per shape, whether every rank got identical sums, the ring's steps
+    and the bytes rank 0 sent (``2 (p - 1) / p`` of the tensor).
+    """
+    shapes = [tuple(s) for s in shapes]
+    results = launch(_check_worker, world_size, (shapes,), timeout)
+    rows = []
+    for i, shape in enumerate(shapes):
+        numel = 1
+        for d in shape:
+            numel *= d
+        rows.append({"shape": shape, "bytes": numel * 4, "equal": all(r[i][0] for r in results),
+                     "steps": results[0][i][1]["steps"], "bytes_sent": results[0][i][1]["bytes_sent"]})
+    return rows

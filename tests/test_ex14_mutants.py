@@ -1,0 +1,80 @@
+"""Exercise 14: each classic mistake loses its question (graded in-process through QUESTIONS)."""
+import math
+
+from servelab.grading import grade_question
+from servelab.grading.hidden import ex14_splitting as hidden
+
+Q = {q.id: q for q in hidden.QUESTIONS}
+
+
+def _passes(qid, func):
+    return grade_question(Q[qid], func).passed
+
+
+def _check(stages, microbatches):
+    for v in (stages, microbatches):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError("positive integers please")
+
+
+def right_bubble(p, m):
+    _check(p, m)
+    return (p - 1) / (m + p - 1)
+
+
+def test_reference_answers_pass():
+    assert _passes("q1", right_bubble)
+
+
+def test_bubble_off_by_one_loses_q1():
+    def off_by_one(p, m):
+        _check(p, m)
+        return (p - 1) / (m + p)
+
+    def over_m(p, m):
+        _check(p, m)
+        return (p - 1) / m
+
+    def over_p(p, m):      # idle share of one micro-batch's crossing
+        _check(p, m)
+        return (p - 1) / p
+
+    for mutant in (off_by_one, over_m, over_p):
+        assert not _passes("q1", mutant), mutant.__name__
+
+
+def _valid(p, f):
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1 or not 0 < f < 1:
+        raise ValueError("bad input")
+
+
+def test_microbatch_mistakes_lose_q2():
+    def from_off_by_one_formula(p, f):   # solved (p - 1)/(m + p) <= f
+        _valid(p, f)
+        return max(1, math.ceil((p - 1) / f - p))
+
+    def floor_instead_of_ceil(p, f):
+        _valid(p, f)
+        return max(1, math.floor((p - 1) * (1 - f) / f))
+
+    def float_noise_at_the_boundary(p, f):   # no tolerance: 9.000000000000002 -> 10
+        _valid(p, f)
+        return max(1, math.ceil((p - 1) * (1 - f) / f + 1e-9))
+
+    for mutant in (from_off_by_one_formula, floor_instead_of_ceil, float_noise_at_the_boundary):
+        assert not _passes("q2", mutant), mutant.__name__
+
+
+def test_pipeline_read_time_mistakes_lose_q3():
+    def pipeline_divides_too(w, c, bw, mode):
+        if mode not in ("tensor", "pipeline") or min(w, c, bw) <= 0:
+            raise ValueError("bad")
+        return w / c / bw
+
+    def tensor_does_not_divide(w, c, bw, mode):
+        if mode not in ("tensor", "pipeline") or min(w, c, bw) <= 0:
+            raise ValueError("bad")
+        return w / bw
+
+    for mutant in (pipeline_divides_too, tensor_does_not_divide):
+        assert not _passes("q3", mutant), mutant.__name__
