@@ -26,7 +26,7 @@ from servelab.roofline import EXAMPLE_REPLICA, Replica
 from servelab.specs import ModelConfig, get_model
 
 __all__ = [
-    "CHIP_HOURLY_USD", "PRICE_SOURCES", "DEFAULT_BATCH", "ChatCost", "chat_cost",
+    "CHIP_HOURLY_USD", "PRICE_SOURCES", "PROMPT_CACHE_TERMS", "DEFAULT_BATCH", "ChatCost", "chat_cost",
     "SENSITIVITY_RANGES", "Sensitivity", "sensitivity", "plot_sensitivity",
 ]
 
@@ -42,6 +42,26 @@ PRICE_SOURCES: dict[str, str] = {
                 "(https://lambda.ai/instances, as listed in September 2026)",
     "B200": "Lambda on-demand cloud, 8x NVIDIA B200 SXM6 instance, per GPU-hour "
             "(https://lambda.ai/instances, as listed in September 2026)",
+}
+
+#: Provider prompt-cache terms: how long an idle cached prefix lives, and what a
+#: cached input token is billed as a share of a fresh one. Published figures;
+#: they change, so read them as examples of the shape of the offer.
+PROMPT_CACHE_TERMS: dict[str, dict[str, float | str]] = {
+    "Anthropic": {
+        "ttl_minutes": 5,             # default lifetime, refreshed on every hit
+        "read_price_share": 0.10,     # a cache read costs 10% of the base input price
+        "write_price_share": 1.25,    # writing the 5-minute cache costs 125%
+        "source": "Anthropic prompt caching documentation "
+                  "(https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching)",
+    },
+    "OpenAI": {
+        "ttl_minutes": 5,             # cleared after 5-10 minutes idle, always within an hour
+        "read_price_share": 0.50,     # 50% discount on cached input tokens at launch (GPT-4o)
+        "write_price_share": 1.0,     # no surcharge for writing
+        "source": "OpenAI, 'Prompt Caching in the API', October 2024 "
+                  "(https://openai.com/index/api-prompt-caching/)",
+    },
 }
 
 #: The assumed number of people sharing a decode step (the seed's operating point).

@@ -11,9 +11,13 @@ GB = 1e9
 
 
 # An MHA config that leaves num_key_value_heads out (transformers then uses
-# num_attention_heads) and one whose head_dim is not hidden_size // heads.
+# num_attention_heads), and configs whose explicit head_dim is neither
+# hidden_size // heads nor hidden_size // KV heads (Gemma- and Qwen3-style).
 _MHA_IMPLICIT = _hf("Llama-2-70B", drop=("num_key_value_heads", "head_dim"), num_key_value_heads=64)
-_WIDE_HEADS = _hf("Llama-3-8B", hidden_size=2048, num_attention_heads=8, num_key_value_heads=1, head_dim=256)
+_WIDE_HEADS = _hf("Llama-3-8B", hidden_size=2048, num_attention_heads=16, num_key_value_heads=1, head_dim=256)
+_NARROW_HEADS = _hf("Llama-3-8B", head_dim=64)            # 4096 / 32 = 128, 4096 / 8 = 512
+assert _WIDE_HEADS["hidden_size"] // _WIDE_HEADS["num_attention_heads"] != _WIDE_HEADS["head_dim"]
+assert _NARROW_HEADS["hidden_size"] // _NARROW_HEADS["num_attention_heads"] != _NARROW_HEADS["head_dim"]
 
 Q1 = Question(
     id="q1", title="KV bytes per token", function="kv_bytes_per_token", points=3, level="easy", minutes=5,
@@ -25,8 +29,12 @@ Q1 = Question(
         _kv_case("Llama-3-8B", 2, "an MQA config", num_key_value_heads=1),
         Case(args=(_MHA_IMPLICIT, 2), expected=_bpt("Llama-2-70B", 2, num_key_value_heads=64),
              label="MHA config without num_key_value_heads"),
+        Case(args=(_hf("Llama-3-70B", drop=("head_dim",)), 2), expected=_bpt("Llama-3-70B", 2),
+             label="GQA config without head_dim (it is hidden_size / attention heads)"),
         Case(args=(_WIDE_HEADS, 4), expected=32 * 2 * 1 * 256 * 4,
-             label="explicit head_dim=256, 1 KV head, fp32"),
+             label="explicit head_dim=256 (hidden/heads would say 128), 1 KV head, fp32"),
+        Case(args=(_NARROW_HEADS, 2), expected=32 * 2 * 8 * 64 * 2,
+             label="explicit head_dim=64 (hidden/heads would say 128), 8 KV heads, bf16"),
     ],
 )
 
@@ -85,6 +93,8 @@ Q3 = Question(
              label="8B with 2,000 seats of 4,000 tokens"),
         Case(args=(8e9, 2, 80 * GB, 131_072, 4000, 200), expected=_cards(8e9, 2, 80 * GB, 131_072, 4000, 200),
              label="8B with 200 seats of 4,000 tokens"),
+        Case(args=(70e9, 2, 80 * GB, _BPT_70B, 4000, 130), expected=_cards(70e9, 2, 80 * GB, _BPT_70B, 4000, 130),
+             label="70B bf16, 130 seats: the group's room is pooled, not whole seats per card x cards"),
     ],
 )
 

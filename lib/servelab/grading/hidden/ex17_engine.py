@@ -1,9 +1,11 @@
 """Exercise 17 · The simplified inference engine. Hidden tests.
 
-Q1 is the classic batcher (size cap or wait cap, whichever first); Q2 is the
-continuous-batching loop that collects results token by token. Both run on a
-simulated clock so the grading is exact. The reference answers live here, so
-expected values are computed, never typed.
+Q1 is the classic batcher (size cap or wait cap, whichever first), planned on
+a list of arrival times; Q2 is the continuous-batching loop that collects
+results token by token (no clock: every request waits at the start); Q3 is the
+onsite version, where requests arrive on a simulated clock while the engine
+runs and tokens stream out through a callback. The reference answers live
+here, so expected values are computed, never typed.
 """
 from servelab.grading import Case, Question
 
@@ -69,14 +71,13 @@ Q1 = Question(
 def _run_engine(requests, max_batch_size, step_fn):
     if max_batch_size < 1:
         raise ValueError("max_batch_size must be at least 1")
+    for rid, _, n in requests:
+        if n < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {n} for {rid!r}")
     queue = list(requests)
     results = {rid: [] for rid, _, _ in requests}
     active = []  # [rid, prompt, max_tokens]
     order = []
-    for rid, _, n in list(queue):
-        if n <= 0:
-            queue.remove((rid, _, n))
-            order.append(rid)
     while queue or active:
         while queue and len(active) < max_batch_size:
             active.append(list(queue.pop(0)))
@@ -100,15 +101,29 @@ def _counting_step(batch):
     return [EOS if len(ctx) >= 12 else len(ctx) for _, ctx in batch]
 
 
+class _TooManySteps(BaseException):
+    """Raised by the graded step function once a run needs far more steps than it should.
+
+    A BaseException, so that a student's ``except Exception`` cannot swallow it.
+    """
+
+
 def _check_run(func, requests, size, label):
     calls = []
+    want, want_order = _run_engine(requests, size, _counting_step)
+    cap = 2 * sum(n for _, _, n in requests) + 10    # far more than any correct run needs
 
     def step(batch):
         calls.append([rid for rid, _ in batch])
+        if len(calls) > cap:
+            raise _TooManySteps()
         return _counting_step(batch)
 
-    want, want_order = _run_engine(requests, size, _counting_step)
-    got = func(requests, size, step)
+    try:
+        got = func(requests, size, step)
+    except _TooManySteps:
+        raise AssertionError(f"{label}: still running after {cap} steps: a finished request must "
+                             "free its seat (leave the batch) so the loop can end") from None
     if not isinstance(got, dict):
         raise AssertionError(f"{label}: return a dict request_id -> list of tokens, got {type(got).__name__}")
     if got != want:
@@ -138,13 +153,27 @@ def _q2_behaviour(func):
     _check_run(func, reqs, 1, "one seat")
     _check_run(func, reqs, 10, "more seats than requests")
     _check_run(func, [], 3, "no requests")
-    _check_run(func, [("z", [1], 0), ("y", [2], 3)], 2, "max_tokens 0 returns an empty list")
-    try:
-        func(reqs, 0, _counting_step)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("max_batch_size 0 must raise ValueError")
+    _check_run(func, [("z", [1], 1), ("y", [2], 3)], 2, "max_tokens 1: one token")
+    for requests, size, what in (([("z", [1], 0), ("y", [2], 3)], 2, "max_tokens 0"),
+                                 ([("y", [2], 3), ("z", [1], -2)], 2, "a negative max_tokens"),
+                                 (reqs, 0, "max_batch_size 0"), (reqs, -3, "a negative max_batch_size")):
+        calls = []
+
+        def counted(batch):
+            calls.append(batch)
+            if len(calls) > 200:
+                raise _TooManySteps()
+            return _counting_step(batch)
+
+        try:
+            func(requests, size, counted)
+        except ValueError:
+            if calls:
+                raise AssertionError(f"{what}: raise ValueError before running any step") from None
+        except _TooManySteps:
+            raise AssertionError(f"{what} must raise ValueError") from None
+        else:
+            raise AssertionError(f"{what} must raise ValueError (as SamplingParams does)")
     # the step function must never see a finished request again
     seen_after_finish = []
 
@@ -154,7 +183,18 @@ def _q2_behaviour(func):
                 seen_after_finish.append(rid)
         return _counting_step(batch)
 
-    func(reqs, 3, strict_step)
+    calls = []
+
+    def capped_strict(batch):
+        calls.append(1)
+        if len(calls) > 200:
+            raise _TooManySteps()
+        return strict_step(batch)
+
+    try:
+        func(reqs, 3, capped_strict)
+    except _TooManySteps:
+        seen_after_finish.append("c")
     if seen_after_finish:
         raise AssertionError("a finished request was sent to the model again (it must free its seat)")
 
@@ -167,4 +207,133 @@ Q2 = Question(
     test=_q2_behaviour,
 )
 
-QUESTIONS = [Q1, Q2]
+
+# --------------------------------------------------------------------------- Q3
+
+def _serve(arrivals, max_batch_size, max_wait, step_seconds, step_fn, on_token):
+    """The onsite round's reference: arrivals on a simulated clock, a waiting batcher, streamed tokens."""
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be at least 1")
+    if max_wait < 0:
+        raise ValueError("max_wait must be >= 0")
+    if step_seconds <= 0:
+        raise ValueError("step_seconds must be positive")
+    times = [a[1] for a in arrivals]
+    if times != sorted(times):
+        raise ValueError("arrivals must be sorted by time")
+    for rid, _, _, n in arrivals:
+        if n < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {n} for {rid!r}")
+    pending = list(arrivals)              # not yet admitted, in arrival order
+    running = []                          # [rid, arrival, prompt, max_tokens, output]
+    ttft = {rid: None for rid, _, _, _ in arrivals}
+    now = 0.0
+    while pending or running:
+        if not running:
+            # idle: wait for the first request, then until the batch fills or the oldest has waited max_wait
+            now = max(now, pending[0][1])
+            fill = pending[max_batch_size - 1][1] if len(pending) >= max_batch_size else float("inf")
+            now = max(now, min(pending[0][1] + max_wait, fill))
+        while pending and len(running) < max_batch_size and pending[0][1] <= now:
+            rid, t, prompt, n = pending.pop(0)
+            running.append([rid, t, list(prompt), n, []])
+        tokens = step_fn([(r[0], r[2] + r[4]) for r in running])
+        now += step_seconds
+        still = []
+        for r, tok in zip(running, tokens):
+            if tok == EOS:
+                continue
+            r[4].append(tok)
+            on_token(now, r[0], tok)
+            if ttft[r[0]] is None:
+                ttft[r[0]] = now - r[1]
+            if len(r[4]) < r[3]:
+                still.append(r)
+        running = still
+    return ttft
+
+
+def _arrivals(spec):
+    """spec: (arrival_time, prompt_length, max_tokens) per request -> the function's input."""
+    return [(f"r{i}", t, [1] * p, n) for i, (t, p, n) in enumerate(spec)]
+
+
+_Q3_CASES = [
+    ("two requests, the second arrives while the first runs", _arrivals([(0.0, 2, 4), (0.25, 3, 3)]), 4, 0.1, 0.1),
+    ("a quiet start: the batcher waits for its cap", _arrivals([(1.0, 1, 2), (1.05, 1, 2), (3.0, 1, 1)]), 4, 0.2, 0.1),
+    ("the batch fills before the wait cap", _arrivals([(0.0, 1, 3), (0.01, 1, 3), (0.02, 1, 3), (0.03, 1, 3)]),
+     2, 1.0, 0.05),
+    ("arrivals during the run wait for a free seat", _arrivals([(0.0, 1, 6), (0.0, 1, 2), (0.1, 1, 2), (0.1, 1, 9),
+                                                                (0.35, 10, 5), (2.0, 1, 1)]), 2, 0.05, 0.1),
+    ("wait cap 0: never waits", _arrivals([(0.5, 1, 2), (0.55, 1, 2)]), 8, 0.0, 0.1),
+    ("end tokens cut answers short", _arrivals([(0.0, 9, 20), (0.0, 11, 5), (0.2, 12, 3), (0.3, 5, 30)]),
+     3, 0.1, 0.1),
+    ("one seat", _arrivals([(0.0, 1, 2), (0.0, 1, 2), (0.05, 1, 1)]), 1, 0.5, 0.1),
+    ("no requests", [], 4, 0.1, 0.1),
+]
+
+
+def _q3_run(func, arrivals, size, wait, step):
+    events = []
+    calls = []
+
+    def step_fn(batch):
+        calls.append(1)
+        if len(calls) > 500:
+            raise _TooManySteps()
+        return _counting_step(batch)
+
+    try:
+        got = func(arrivals, size, wait, step, step_fn, lambda t, rid, tok: events.append((t, rid, tok)))
+    except _TooManySteps:
+        raise AssertionError("still running after 500 steps: a finished request must free its seat") from None
+    return got, events
+
+
+def _close(a, b):
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _fmt_event(e):
+    return f"(t={e[0]:.4g}, {e[1]!r}, {e[2]})"
+
+
+def _q3_behaviour(func):
+    for label, arrivals, size, wait, step in _Q3_CASES:
+        want_events = []
+        want = _serve(arrivals, size, wait, step, _counting_step, lambda t, r, k: want_events.append((t, r, k)))
+        got, events = _q3_run(func, arrivals, size, wait, step)
+        for k, (g, w) in enumerate(zip(events, want_events)):
+            if g[1:] != w[1:] or not _close(g[0], w[0]):
+                raise AssertionError(f"{label}: event {k} was {_fmt_event(g)}, expected {_fmt_event(w)}")
+        if len(events) != len(want_events):
+            raise AssertionError(f"{label}: {len(events)} token events, expected {len(want_events)}")
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise AssertionError(f"{label}: return a dict request_id -> time to first token for every request")
+        for rid, w in want.items():
+            g = got[rid]
+            if (w is None) != (g is None) or (w is not None and not _close(float(g), w)):
+                shown = "None" if g is None else f"{float(g):.4g}"
+                raise AssertionError(f"{label}: time to first token of {rid!r} was {shown}, expected "
+                                     f"{'None' if w is None else f'{w:.4g}'} (first token time minus arrival)")
+    for bad, what in (((_arrivals([(0.0, 1, 0)]), 2, 0.1, 0.1), "max_tokens 0"),
+                      ((_arrivals([(0.0, 1, 2)]), 0, 0.1, 0.1), "max_batch_size 0"),
+                      ((_arrivals([(0.0, 1, 2)]), 2, -0.1, 0.1), "a negative max_wait"),
+                      ((_arrivals([(0.0, 1, 2)]), 2, 0.1, 0.0), "step_seconds 0"),
+                      ((_arrivals([(1.0, 1, 2), (0.0, 1, 2)]), 2, 0.1, 0.1), "arrivals out of order")):
+        try:
+            _q3_run(func, *bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{what} must raise ValueError")
+
+
+Q3 = Question(
+    id="q3", title="Onsite: arrivals on a clock, a waiting batcher, streamed tokens", function="serve",
+    points=8, level="hard", minutes=40, test=_q3_behaviour, timeout=20.0,
+    visible=[Case(args=(_Q3_CASES[0][1], 4, 0.1, 0.1, _counting_step, lambda t, rid, tok: None),
+                  expected=_serve(_Q3_CASES[0][1], 4, 0.1, 0.1, _counting_step, lambda t, rid, tok: None),
+                  rel=1e-9, label="two requests, the second arrives while the first runs")],
+)
+
+QUESTIONS = [Q1, Q2, Q3]
