@@ -262,3 +262,31 @@ def test_importing_the_simulator_does_not_load_torch():
     code = "import sys, servelab.sim, servelab.sim.replay; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- pools --------------------------------------------------------------------------------------
+def test_pool_of_replicas_splits_the_load():
+    from servelab.sim import simulate_pool
+    tr = _trace(n=400, rate=60)
+    cfg = ReplicaConfig(max_num_seqs=8, num_kv_blocks=4096)
+    one = simulate_pool(tr, MODEL, cfg, replicas=1)
+    four = simulate_pool(tr, MODEL, cfg, replicas=4, router="random")
+    assert np.all(np.isfinite(four.finish_s))
+    assert np.percentile(four.ttft, 95) < np.percentile(one.ttft, 95)
+    with pytest.raises(ValueError, match="router"):
+        simulate_pool(tr, MODEL, cfg, replicas=2, router="smartest")
+
+
+def test_disaggregated_pools_keep_streams_smooth():
+    from servelab.sim import simulate_disaggregated, simulate_pool
+    tr = Trace(np.r_[np.zeros(8), np.arange(1, 9) * 0.2], np.r_[np.full(8, 16), np.full(8, 2000)],
+               np.r_[np.full(8, 300), np.full(8, 4)])
+    m = LinearStepModel(a=0.002, b_prefill=5e-5, c_decode=1e-4)
+    cfg = ReplicaConfig(max_num_seqs=32, num_kv_blocks=4096)
+    mixed = simulate_pool(tr, m, cfg, replicas=2)
+    dis = simulate_disaggregated(tr, m, prefill_replicas=1, decode_replicas=1, prefill_config=cfg,
+                                 decode_config=cfg, kv_bytes_per_token=131072, link_bandwidth=50e9)
+    assert dis.result.percentiles("itl", (100,))[100] < mixed.percentiles("itl", (100,))[100] / 10
+    assert np.all(dis.result.finish_s > dis.result.first_token_s)
+    assert dis.transfer_s[8] == pytest.approx(2000 * 131072 / 50e9)
+    assert set(dis.summary()) >= {"prefill_utilisation", "decode_utilisation", "ttft_p95"}

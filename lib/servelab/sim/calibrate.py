@@ -1,0 +1,310 @@
+"""Calibrating the simulator against the real engine, and checking it on a trace.
+
+1. :func:`run_engine` serves a :class:`~servelab.sim.workload.Trace` with the
+   real engine in real time: each request is added when the wall clock reaches
+   its arrival, the engine steps while it has work and sleeps until the next
+   arrival otherwise. It records every step's shape (from the scheduler's plan)
+   and duration, and every request's TTFT and TPOT.
+2. :func:`fit_step_model` fits a :class:`~servelab.sim.step_model.LinearStepModel`
+   to the recorded steps of some runs.
+3. :func:`compare` simulates the same trace with the fitted model and prints
+   measured vs predicted TTFT and TPOT percentiles with each error.
+
+A step's duration is measured from its start to the next step's start when the
+engine went straight on (the loop's own work between steps counts: the
+simulator has no other place to put it), else to its end.
+
+Imports the engine (and torch) inside the functions; the module itself is light.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servelab.sim.core import ReplicaConfig, simulate
+from servelab.sim.metrics import SimResult
+from servelab.sim.replay import plan_shape, trace_prompts
+from servelab.sim.step_model import LinearStepModel, StepShape, fit_linear, step_model_from_dict
+from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
+
+__all__ = ["EngineRun", "run_engine", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
+           "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
+           "probe_trace", "rate_for_busy", "WORKLOADS", "CONFIGS"]
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
+DEFAULT_STEP_MODEL = ROOT / "data" / "sim" / "step_model.json"
+METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+
+
+@dataclass
+class EngineRun:
+    """What the real engine did on a trace."""
+
+    trace: Trace
+    config: ReplicaConfig
+    shapes: list[StepShape]
+    durations: np.ndarray
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    label: str = ""
+    info: dict = field(default_factory=dict)
+
+    def percentiles(self) -> dict[str, float]:
+        tp = self.tpot[np.isfinite(self.tpot)]
+        return {"ttft_p50": float(np.percentile(self.ttft, 50)), "ttft_p95": float(np.percentile(self.ttft, 95)),
+                "tpot_p50": float(np.percentile(tp, 50)), "tpot_p95": float(np.percentile(tp, 95))}
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "config": self.config.__dict__, "trace": self.trace.records(),
+                "shapes": [list(s) for s in self.shapes], "durations": self.durations.tolist(),
+                "ttft": self.ttft.tolist(), "tpot": [None if not math.isfinite(x) else x for x in self.tpot],
+                "e2e": self.e2e.tolist(), "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineRun":
+        recs = d["trace"]
+        tr = Trace([r["arrival_s"] for r in recs], [r["prompt_tokens"] for r in recs],
+                   [r["output_tokens"] for r in recs], [r.get("prefix_group", -1) for r in recs],
+                   [r.get("prefix_tokens", 0) for r in recs])
+        return cls(tr, ReplicaConfig(**d["config"]), [StepShape(*s) for s in d["shapes"]],
+                   np.array(d["durations"]), np.array(d["ttft"]),
+                   np.array([math.nan if x is None else x for x in d["tpot"]]), np.array(d["e2e"]),
+                   d.get("label", ""), d.get("info", {}))
+
+
+def _build_llm(model_dir, config: ReplicaConfig, seed: int):
+    from servelab.engine import LLM
+    return LLM(str(model_dir or DEFAULT_MODEL_DIR), block_size=config.block_size,
+               num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs,
+               max_num_batched_tokens=config.max_num_batched_tokens,
+               enable_prefix_caching=config.enable_prefix_caching,
+               enable_chunked_prefill=config.enable_chunked_prefill,
+               long_prefill_token_threshold=config.long_prefill_token_threshold, seed=seed)
+
+
+def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
+               label: str = "", warmup: int = 8, threads: int | None = 1) -> EngineRun:
+    """Serve ``trace`` with the real engine in real time (see module doc)."""
+    import torch
+
+    from servelab.sampling import SamplingParams
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = config or ReplicaConfig()
+    if cfg.policy != "continuous":
+        raise ValueError("the engine runs the continuous policy; set policy='continuous'")
+    if llm is None:
+        llm = _build_llm(model_dir, cfg, seed)
+    engine = llm.engine
+    ctx = engine.config.max_model_len
+    too_long = np.flatnonzero(trace.prompt_tokens + trace.output_tokens > ctx)
+    if len(too_long):
+        i = int(too_long[0])
+        raise ValueError(f"request {i} needs {int(trace.prompt_tokens[i] + trace.output_tokens[i])} tokens but "
+                         f"the model's context is {ctx}: shorten it (prompt_tokens + output_tokens <= {ctx})")
+    eos = list(getattr(engine, "eos_token_ids", ()))
+    prompts = trace_prompts(trace, llm.model.config.vocab_size, seed, avoid=eos)
+    # warm up: a few requests with their own random tokens (no prefix shared with the trace), untimed
+    rng = np.random.default_rng(seed + 99)
+    for w in range(warmup):
+        engine.add_request(f"warm{w}", rng.integers(0, llm.model.config.vocab_size - 8, 40 + 20 * w).tolist(),
+                           SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
+    engine.run_to_completion()
+
+    shapes: list[StepShape] = []
+    plans = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    n = len(trace)
+    arrival = trace.arrival_s.tolist()
+    outs = {}
+    starts, ends = [], []
+    t0 = time.perf_counter() + 0.01
+    nxt = 0
+    try:
+        while len(outs) < n:
+            now = time.perf_counter()
+            while nxt < n and t0 + arrival[nxt] <= now:
+                engine.add_request(str(nxt), prompts[nxt],
+                                   SamplingParams(max_tokens=int(trace.output_tokens[nxt]), ignore_eos=True,
+                                                  temperature=0.0), arrival_time=t0 + arrival[nxt])
+                nxt += 1
+            if not engine.has_unfinished_requests():
+                time.sleep(max(0.0, t0 + arrival[nxt] - time.perf_counter()))
+                continue
+            s = time.perf_counter()
+            got = engine.step()
+            e = time.perf_counter()
+            plan = plans[-1]
+            if not plan.is_empty:
+                shapes.append(plan_shape(plan))
+                starts.append(s)
+                ends.append(e)
+            for out in got:
+                if out.finished:
+                    outs[int(out.request_id)] = out
+    finally:
+        engine.scheduler.schedule = schedule
+    # a step's duration: to the next step's start if the loop went straight on, else to its end
+    durations = np.array(ends) - np.array(starts)
+    for k in range(len(starts) - 1):
+        gap = starts[k + 1] - ends[k]
+        if gap < 0.5 * durations[k]:  # no sleep in between: charge the loop's own work to this step
+            durations[k] = starts[k + 1] - starts[k]
+    ttft = np.empty(n)
+    tpot = np.full(n, math.nan)
+    e2e = np.empty(n)
+    for i in range(n):
+        m = outs[i].metrics
+        ttft[i] = m.first_token_time - m.arrival_time
+        e2e[i] = m.token_times[-1] - m.arrival_time
+        if len(m.token_times) > 1:
+            tpot[i] = (m.token_times[-1] - m.token_times[0]) / (len(m.token_times) - 1)
+    from servelab import machine
+    info = {"machine": machine.describe(), "git_commit": git_commit(), "steps": len(shapes)}
+    return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs",
+                                   "prefill_seqs")) -> LinearStepModel:
+    """Fit the linear step model to every recorded step of ``runs``."""
+    shapes = [s for r in runs for s in r.shapes]
+    durs = np.concatenate([r.durations for r in runs])
+    meta = {"runs": [r.label for r in runs]}
+    if runs and runs[0].info:
+        meta.update(git_commit=runs[0].info.get("git_commit"), machine=runs[0].info.get("machine"))
+    return fit_linear(shapes, durs, features=features, meta=meta)
+
+
+@dataclass
+class Comparison:
+    label: str
+    measured: dict
+    predicted: dict
+
+    @property
+    def errors(self) -> dict:
+        return {k: (self.predicted[k] - self.measured[k]) / self.measured[k] for k in METRICS}
+
+    @property
+    def worst(self) -> float:
+        return max(abs(e) for e in self.errors.values())
+
+    def table(self) -> str:
+        lines = [f"{'metric':<10}{'measured':>12}{'predicted':>12}{'error':>9}"]
+        for k in METRICS:
+            lines.append(f"{k:<10}{self.measured[k] * 1e3:>9.2f} ms{self.predicted[k] * 1e3:>9.2f} ms"
+                         f"{self.errors[k]:>+9.1%}")
+        lines.append(f"worst error: {self.worst:.1%}")
+        return "\n".join(lines)
+
+
+def compare(run: EngineRun, step_model) -> Comparison:
+    """Simulate the run's trace with ``step_model`` and set it beside the measurement."""
+    sim: SimResult = simulate(run.trace, step_model, run.config)
+    predicted = {"ttft_p50": sim.percentiles("ttft", (50,))[50], "ttft_p95": sim.percentiles("ttft", (95,))[95],
+                 "tpot_p50": sim.percentiles("tpot", (50,))[50], "tpot_p95": sim.percentiles("tpot", (95,))[95]}
+    return Comparison(run.label, run.percentiles(), predicted)
+
+
+def save_step_model(model: LinearStepModel, path=DEFAULT_STEP_MODEL) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_step_model(path=DEFAULT_STEP_MODEL):
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"no saved step model at {str(path)!r}: run `python -m servelab.sim calibrate` first")
+    return step_model_from_dict(json.loads(path.read_text()))
+
+
+def probe_trace(n: int = 32, seed: int = 5) -> Trace:
+    """A burst for a first fit: everyone arrives at once, lengths mixed, so the steps cover
+    big prefills, full decode batches and the thinning tail."""
+    tr = synthetic(n, 1e6, seed=seed, prompt=LogNormal(128, 0.9, 8, 700), output=Exponential(32, 160))
+    return Trace(np.zeros(n), tr.prompt_tokens, tr.output_tokens)
+
+
+def rate_for_busy(step_model, config: ReplicaConfig, target: float, n: int = 400, seed: int = 0,
+                  **lengths) -> float:
+    """Arrival rate at which the simulated replica is busy a share ``target`` of the time."""
+    if not 0 < target < 1:
+        raise ValueError(f"target busy share must lie in (0, 1), got {target!r}")
+    lo, hi = 1e-3, 1e4
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        busy = simulate(synthetic(n, mid, seed=seed, **lengths), step_model, config).utilisation
+        lo, hi = (mid, hi) if busy < target else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+#: The calibration workloads: (length mix, busy share, arrivals, config name). Rates are set
+#: from the probe fit so that each run loads *this* machine as intended (a fixed rate would
+#: overload a slow CPU and idle a fast one).
+SHORT = dict(prompt=LogNormal(64, 0.7, 8, 400), output=Exponential(24, 120))
+LONG_PROMPTS = dict(prompt=LogNormal(320, 0.4, 64, 700), output=Exponential(12, 60))
+LONG_ANSWERS = dict(prompt=LogNormal(32, 0.5, 8, 200), output=Exponential(64, 300))
+MIXED = dict(prompt=LogNormal(128, 1.0, 8, 700), output=Exponential(32, 160))
+PREFIXED = dict(prompt=LogNormal(48, 0.6, 8, 200), output=Exponential(24, 120), prefix_groups=4,
+                prefix_tokens=256)
+WORKLOADS = {
+    "fit": {
+        "light, short": (SHORT, 0.35, {}, "base"),
+        "heavy, short": (SHORT, 0.8, {}, "base"),
+        "long prompts": (LONG_PROMPTS, 0.6, {}, "base"),
+        "long answers": (LONG_ANSWERS, 0.6, {}, "base"),
+    },
+    "held_out": {
+        "medium rate": (SHORT, 0.6, {}, "base"),
+        "bursty arrivals": (SHORT, 0.5, {"arrival": "gamma", "cv": 3.0}, "base"),
+        "mixed lengths": (MIXED, 0.6, {}, "base"),
+        "chunk 128": (LONG_PROMPTS, 0.6, {}, "chunk"),
+        "shared prefixes": (PREFIXED, 0.6, {}, "base"),
+    },
+}
+CONFIGS = {
+    "base": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024),
+    "chunk": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024,
+                           long_prefill_token_threshold=128),
+}
+
+
+def calibration_workloads(probe_model, quick: bool = False) -> dict:
+    """{"fit": {name: (trace, config)}, "held_out": {...}}: the held-out workloads differ from
+    the fit set in rate, arrival burstiness, length mix, chunk size and prefix hits. Sized for
+    the course's small model (context 1,024 tokens)."""
+    n = 24 if quick else 80
+    out = {}
+    for part, specs in WORKLOADS.items():
+        out[part] = {}
+        for k, (name, (lengths, busy, arrivals, cfg_name)) in enumerate(specs.items()):
+            cfg = CONFIGS[cfg_name]
+            rate = rate_for_busy(probe_model, cfg, busy, **lengths)
+            seed = (11 if part == "fit" else 21) + k
+            out[part][name] = (synthetic(n, rate, seed=seed, **lengths, **arrivals), cfg)
+    return out

@@ -1,0 +1,120 @@
+"""Many replicas: a pool behind a router, and disaggregated prefill and decode pools.
+
+* :func:`simulate_pool` - ``replicas`` identical replicas; requests are split by
+  a stateless router (``"random"`` or ``"round_robin"``), so each replica is
+  simulated on its own share and the results are merged. (A random split of a
+  Poisson stream is again Poisson, at rate / replicas.)
+* :func:`simulate_disaggregated` - prompts run on a prefill pool (each request's
+  first token comes from there), the K/V travels to a decode pool
+  (``kv_bytes_per_token x prompt / link_bandwidth`` seconds) and the answer is
+  decoded there. Every step of a decode replica is a pure decode step, so a
+  long prompt never stalls anyone's stream; the price is two pools to balance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servelab.sim.core import ReplicaConfig, simulate
+from servelab.sim.metrics import SimResult
+from servelab.sim.step_model import StepModel
+from servelab.sim.workload import Trace
+
+__all__ = ["ROUTERS", "route", "merge_results", "simulate_pool", "simulate_disaggregated", "DisaggregatedResult"]
+
+ROUTERS = ("random", "round_robin")
+
+
+def route(trace: Trace, replicas: int, router: str = "round_robin", seed: int = 0) -> np.ndarray:
+    """Replica index per request, for a stateless router."""
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas <= 0:
+        raise ValueError(f"replicas must be a positive whole number, got {replicas!r}")
+    if router == "round_robin":
+        return np.arange(len(trace)) % replicas
+    if router == "random":
+        return np.random.default_rng(seed).integers(0, replicas, len(trace))
+    raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+
+
+def merge_results(parts: list[tuple[np.ndarray, SimResult]], trace: Trace) -> SimResult:
+    """One result from per-replica results (``(request indices, result)`` pairs)."""
+    n = len(trace)
+    first, finish = np.full(n, np.nan), np.full(n, np.nan)
+    pre, cached = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    for idx, r in parts:
+        first[idx], finish[idx] = r.first_token_s, r.finish_s
+        pre[idx], cached[idx] = r.preemptions, r.cached_tokens
+    cat = lambda name: np.concatenate([getattr(r, name) for _, r in parts])  # noqa: E731
+    busy = sum(r.busy_s for _, r in parts)
+    return SimResult(
+        arrival_s=trace.arrival_s.copy(), first_token_s=first, finish_s=finish,
+        prompt_tokens=trace.prompt_tokens.copy(), output_tokens=trace.output_tokens.copy(),
+        preemptions=pre, cached_tokens=cached, gap_first=cat("gap_first"), gap_last=cat("gap_last"),
+        gap_steps=cat("gap_steps"), gap_rows=cat("gap_rows"), busy_s=busy / len(parts),
+        num_steps=sum(r.num_steps for _, r in parts), num_preemptions=sum(r.num_preemptions for _, r in parts),
+        timeline_t=parts[0][1].timeline_t, timeline_waiting=parts[0][1].timeline_waiting,
+        timeline_running=parts[0][1].timeline_running, timeline_blocks=parts[0][1].timeline_blocks,
+        max_blocks=max(r.max_blocks for _, r in parts), num_kv_blocks=parts[0][1].num_kv_blocks)
+
+
+def simulate_pool(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = None, *,
+                  replicas: int = 1, router: str = "round_robin", seed: int = 0, **kw) -> SimResult:
+    """``replicas`` identical replicas behind a stateless router (``busy_s`` is per replica, averaged)."""
+    where = route(trace, replicas, router, seed)
+    parts = []
+    for k in range(replicas):
+        idx = np.flatnonzero(where == k)
+        if len(idx):
+            parts.append((idx, simulate(trace.subset(idx), step_model, config, **kw)))
+    return merge_results(parts, trace)
+
+
+@dataclass
+class DisaggregatedResult:
+    """A disaggregated run: the whole requests, and each pool's own view."""
+
+    result: SimResult          # TTFT from the prefill pool, finish from the decode pool
+    prefill: SimResult
+    decode: SimResult
+    transfer_s: np.ndarray     # K/V transfer time per request
+
+    def summary(self) -> dict:
+        s = self.result.summary()
+        s.update(prefill_utilisation=self.prefill.utilisation, decode_utilisation=self.decode.utilisation)
+        return s
+
+
+def simulate_disaggregated(trace: Trace, step_model: StepModel, *, prefill_replicas: int, decode_replicas: int,
+                           prefill_config: ReplicaConfig | None = None,
+                           decode_config: ReplicaConfig | None = None,
+                           kv_bytes_per_token: float = 0.0, link_bandwidth: float = 50e9,
+                           decode_step_model: StepModel | None = None) -> DisaggregatedResult:
+    """Prefill pool -> K/V transfer -> decode pool. ``link_bandwidth`` in bytes/s (50 GB/s by default,
+    the order of a 400 Gb/s network link); ``kv_bytes_per_token`` 0 means a free transfer."""
+    if kv_bytes_per_token < 0 or not link_bandwidth > 0:
+        raise ValueError("kv_bytes_per_token must be >= 0 and link_bandwidth > 0 (bytes per second)")
+    pre_trace = Trace(trace.arrival_s, trace.prompt_tokens, np.ones(len(trace), dtype=np.int64),
+                      trace.prefix_group, trace.prefix_tokens)
+    pre = simulate_pool(pre_trace, step_model, prefill_config, replicas=prefill_replicas)
+    transfer = trace.prompt_tokens * kv_bytes_per_token / link_bandwidth
+    ready = pre.first_token_s + transfer
+    order = np.argsort(ready, kind="stable")
+    dec_trace = Trace(ready[order], trace.prompt_tokens[order], trace.output_tokens[order])
+    dec_sorted = simulate_pool(dec_trace, decode_step_model or step_model, decode_config,
+                               replicas=decode_replicas, prefilled=np.ones(len(trace), dtype=bool))
+    finish = np.empty(len(trace))
+    finish[order] = dec_sorted.finish_s
+    whole = SimResult(
+        arrival_s=trace.arrival_s.copy(), first_token_s=pre.first_token_s.copy(), finish_s=finish,
+        prompt_tokens=trace.prompt_tokens.copy(), output_tokens=trace.output_tokens.copy(),
+        preemptions=pre.preemptions, cached_tokens=pre.cached_tokens, gap_first=dec_sorted.gap_first,
+        gap_last=dec_sorted.gap_last, gap_steps=dec_sorted.gap_steps, gap_rows=dec_sorted.gap_rows,
+        busy_s=(pre.busy_s * prefill_replicas + dec_sorted.busy_s * decode_replicas)
+        / (prefill_replicas + decode_replicas),
+        num_steps=pre.num_steps + dec_sorted.num_steps,
+        num_preemptions=pre.num_preemptions + dec_sorted.num_preemptions,
+        timeline_t=dec_sorted.timeline_t, timeline_waiting=dec_sorted.timeline_waiting,
+        timeline_running=dec_sorted.timeline_running, timeline_blocks=dec_sorted.timeline_blocks,
+        max_blocks=dec_sorted.max_blocks, num_kv_blocks=dec_sorted.num_kv_blocks)
+    return DisaggregatedResult(whole, pre, dec_sorted, transfer)

@@ -1,0 +1,92 @@
+"""Calibration plumbing: the real engine on a tiny trace, the fit, the comparison, the CLI.
+
+Fast by design (a dozen short requests on the course's small model); the long
+engine runs and the 10% goal live in benchmarks/bench_sim.py.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.sim import LinearStepModel, ReplicaConfig, Trace, save_trace
+from servelab.sim import calibrate as cal
+from servelab.sim.__main__ import main
+
+CFG = ReplicaConfig(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=256)
+TRACE = Trace(np.arange(12) * 0.01, [20, 40, 60, 80, 100, 30, 50, 70, 90, 110, 25, 45],
+              [3, 5, 4, 6, 2, 5, 3, 4, 6, 2, 5, 4])
+
+
+@pytest.fixture(scope="module")
+def run():
+    return cal.run_engine(TRACE, CFG, label="tiny", warmup=2)
+
+
+def test_engine_run_records_every_step(run):
+    assert len(run.shapes) == len(run.durations) > 0
+    assert np.all(run.durations > 0)
+    # every prompt token computed once, every output token after the first decoded once
+    assert sum(s.prefill_tokens for s in run.shapes) == int(TRACE.prompt_tokens.sum())
+    assert sum(s.decode_rows for s in run.shapes) == int((TRACE.output_tokens - 1).sum())
+    assert np.all(run.ttft > 0) and np.all(run.e2e >= run.ttft)
+    assert run.info["git_commit"] and run.info["machine"]["cpu"]
+    back = cal.EngineRun.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert back.shapes == run.shapes and back.config == run.config
+
+
+def test_fit_and_compare(run):
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    assert isinstance(model, LinearStepModel) and model.a > 0
+    c = cal.compare(run, model)
+    assert set(c.errors) == set(cal.METRICS)
+    assert c.table().splitlines()[-1].startswith("worst error: ")
+    assert c.worst == max(abs(e) for e in c.errors.values())
+
+
+def test_cli_check(tmp_path, run, capsys):
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    mpath = cal.save_step_model(model, tmp_path / "m.json")
+    tpath = save_trace(TRACE.subset(slice(0, 6)), tmp_path / "t.jsonl")
+    rc = main(["check", "--trace", str(tpath), "--step-model", str(mpath), "--max-num-seqs", "8",
+               "--max-num-batched-tokens", "256", "--num-kv-blocks", "256"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "ttft_p95" in out and out.strip().splitlines()[-1].startswith("worst error: ")
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    assert main(["check", "--trace", str(empty), "--step-model", str(tmp_path / "none.json")]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["check", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_too_long_for_the_model_is_refused():
+    with pytest.raises(ValueError, match="context"):
+        cal.run_engine(Trace([0.0], [1000], [100]), CFG, warmup=0)
+
+
+def test_rate_for_busy_hits_its_target():
+    model = LinearStepModel(a=0.003, b_prefill=3e-5, c_decode=2e-4)
+    cfg = cal.CONFIGS["base"]
+    rate = cal.rate_for_busy(model, cfg, 0.5, n=200, **cal.SHORT)
+    from servelab.sim import simulate, synthetic
+    busy = simulate(synthetic(200, rate, seed=0, **cal.SHORT), model, cfg).utilisation
+    assert busy == pytest.approx(0.5, abs=0.02)
+
+
+def test_saved_calibration_if_present():
+    """The committed calibration (benchmarks/bench_sim.py) loads and predicts finite percentiles."""
+    if not cal.DEFAULT_STEP_MODEL.exists():
+        pytest.skip("no saved step model yet")
+    model = cal.load_step_model()
+    runs = Path(cal.DEFAULT_STEP_MODEL).with_name("calibration_runs.json")
+    assert model.meta.get("git_commit")
+    if runs.exists():
+        data = json.loads(runs.read_text())
+        r = cal.EngineRun.from_dict(data["held_out"][0])
+        c = cal.compare(r, model)
+        assert all(np.isfinite(v) for v in c.predicted.values())
