@@ -220,6 +220,8 @@ def main(argv=None) -> int:
     data["paired_step_ratio_medians"] = {d: {b: median(v) for b, v in r.items()}
                                          for d, r in data["paired_step_ratios"].items()}
     data["matvec_share_medians"] = {d: median(v) for d, v in data["matvec_share"].items()}
+    data["fp32_batch1_share"] = data["matvec_share_medians"]["fp32"]   # chapter 8 reads these two
+    data["bf16_batch1_share"] = data["matvec_share_medians"]["bf16"]
     (out_dir / "roofline.json").write_text(json.dumps(data, indent=1))
     import matplotlib
     matplotlib.use("Agg")

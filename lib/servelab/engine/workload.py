@@ -16,25 +16,8 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["WorkloadRequest", "mixed_workload", "percentile", "expected_longest",
-           "STATIC_VS_CONTINUOUS_PUBLISHED"]
+__all__ = ["WorkloadRequest", "mixed_workload", "percentile", "expected_longest"]
 
-#: A published static-vs-continuous measurement, for comparison with the course's own.
-#: Source: Cade Daniel, Chen Shen, Eric Liang, Richard Liaw, "How continuous batching
-#: enables 23x throughput in LLM inference while reducing p50 latency", Anyscale blog,
-#: June 2023, https://www.anyscale.com/blog/continuous-batching-llm-inference (the post
-#: vLLM's documentation links for continuous batching). Its throughput figure: about 81
-#: generated tokens/s for static batching (Hugging Face pipelines) against about 1,900
-#: for continuous batching with vLLM, one 13B model on one A100 GPU.
-STATIC_VS_CONTINUOUS_PUBLISHED = {
-    "static_tokens_per_s": 81,
-    "continuous_tokens_per_s": 1_900,
-    "setting": "a 13B model on one NVIDIA A100, static batching in Hugging Face pipelines, "
-               "continuous batching in vLLM",
-    "source": "Anyscale blog, 'How continuous batching enables 23x throughput in LLM inference "
-              "while reducing p50 latency' (Daniel, Shen, Liang, Liaw, 2023)",
-    "url": "https://www.anyscale.com/blog/continuous-batching-llm-inference",
-}
 
 
 @dataclass(frozen=True)
