@@ -206,8 +206,8 @@ def test_missing_config_field_and_bad_rope(saved):
     with pytest.raises(ValueError, match="num_hidden_layers"):
         load_pretrained(saved)
     with pytest.raises(ValueError, match="yarn"):
-        LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                    num_attention_heads=2, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+        LlamaModel(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                               num_attention_heads=2, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
     with pytest.raises(ValueError, match="num_key_value_heads"):
         LlamaConfig(vocab_size=8, hidden_size=12, intermediate_size=8, num_hidden_layers=1,
                     num_attention_heads=3, num_key_value_heads=2)
@@ -333,3 +333,15 @@ def test_dtype_change_drops_a_stale_fusion():
     model.fuse_projections()
     with torch.inference_mode():
         assert (model(ids).float() - reference(ids).float()).abs().max().item() < 0.05
+
+
+@pytest.mark.parametrize("attention_bias,mlp_bias,tied", [(False, False, True), (True, False, False),
+                                                          (True, True, False), (False, True, True)])
+def test_the_one_parameter_counter_matches_tensors_with_biases(attention_bias, mlp_bias, tied):
+    """model.count_parameters_from_config is servelab.arith.count_params; biases included."""
+    from servelab import arith
+    cfg = LlamaConfig(vocab_size=11, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attention_bias=attention_bias,
+                      mlp_bias=mlp_bias, tie_word_embeddings=tied)
+    real = LlamaModel(cfg).num_parameters()
+    assert arith.count_params(cfg).total == real == count_parameters_from_config(cfg)["total"]

@@ -110,7 +110,7 @@ class PoolModel:
         assert len(hit) * m.block_size < len(tokens)  # at least one token computed
         if not m.allocate(t, len(tokens), hit):
             return False
-        start = t.num_tokens
+        start = t.num_filled_slots
         assert start == len(hit) * m.block_size
         # the hit blocks must already hold exactly these tokens
         assert [self.pool[s] for s in t.slots(0, start)] == tokens[:start]
@@ -151,6 +151,18 @@ class PoolModel:
         t, _ = self.seqs.pop(sid)
         self.m.free(t)
 
+    def truncate(self, sid, n):
+        """Roll back ``n`` tokens (rejected draft tokens), as speculative decoding will."""
+        t, tokens = self.seqs[sid]
+        new_len = max(len(tokens) - n, 0)
+        try:
+            self.m.truncate(t, new_len)
+        except ValueError as exc:  # rolling back into a block another table shares
+            assert "shared" in str(exc)
+            return
+        del tokens[new_len:]
+        assert len(t.block_ids) == -(-new_len // self.m.block_size) and len(t.keys) <= new_len // self.m.block_size
+
     def check(self):
         m = self.m
         m.allocator.check_invariants()
@@ -164,12 +176,12 @@ class PoolModel:
         assert counts == m.allocator.ref_count
         # every live sequence reads back exactly its own tokens
         for t, tokens in self.seqs.values():
-            assert t.num_tokens == len(tokens)
+            assert t.num_filled_slots == len(tokens)
             assert [self.pool[s] for s in t.slots(0, len(tokens))] == tokens
         # cached blocks hold the tokens the cache says they hold
         if m.prefix_cache is not None:
             bs = m.block_size
-            for b, (key, toks) in m.prefix_cache._entry_of.items():
+            for b, (key, parent, toks) in m.prefix_cache._entry_of.items():
                 assert self.pool[b * bs:(b + 1) * bs] == list(toks)
         usage = m.usage(t for t, _ in self.seqs.values())
         assert 0 <= usage.used_slots <= usage.reserved_slots <= usage.total_slots
@@ -180,6 +192,7 @@ op_strategy = st.one_of(
     st.tuples(st.just("append"), st.integers(0, 20), st.lists(st.integers(0, 2), min_size=1, max_size=5)),
     st.tuples(st.just("fork"), st.integers(0, 20)),
     st.tuples(st.just("free"), st.integers(0, 20)),
+    st.tuples(st.just("truncate"), st.integers(0, 20), st.integers(0, 6)),
     st.tuples(st.just("evict")),
 )
 
@@ -199,6 +212,8 @@ def test_manager_never_leaks_or_corrupts(prefix, ops, block_size):
             p.fork(live[op[1] % len(live)])
         elif op[0] == "free" and live:
             p.free(live[op[1] % len(live)])
+        elif op[0] == "truncate" and live:
+            p.truncate(live[op[1] % len(live)], op[2])
         elif op[0] == "evict":
             p.m.reset_prefix_cache()
         p.check()
@@ -218,7 +233,7 @@ def test_prefix_hit_reuses_blocks_and_computes_the_last_token():
     assert hit == first[:2]                      # third block recomputed: one token must run
     p.free(0)
     assert p.m.match_prefix(prompt) == first[:2]  # freed but still cached
-    assert p.m.allocate(t, 12, hit) and t.num_tokens == 8
+    assert p.m.allocate(t, 12, hit) and t.num_filled_slots == 8
 
 
 def test_duplicate_block_stays_private_and_is_not_freed():

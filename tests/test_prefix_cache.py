@@ -55,7 +55,7 @@ def test_a_full_prefix_hit_still_computes_a_token(prompt, bs):
     c = PrefixCache()
     keys = block_keys(prompt, bs)
     for i, k in enumerate(keys):
-        c.insert(k, prompt[i * bs:(i + 1) * bs], i)
+        c.insert(k, prompt[i * bs:(i + 1) * bs], i, parent=keys[i - 1] if i else b"")
     hit = c.match(prompt, bs)
     assert len(hit) == max_cacheable_blocks(len(prompt), bs)
     assert len(hit) * bs <= max(len(prompt) - 1, 0)
@@ -69,8 +69,9 @@ def test_match_returns_the_longest_cached_chain(prompts):
     c = PrefixCache()
     block = 0
     for p in prompts[:-1]:
-        for i, k in enumerate(block_keys(p, bs)):
-            if c.insert(k, p[i * bs:(i + 1) * bs], block):
+        keys = block_keys(p, bs)
+        for i, k in enumerate(keys):
+            if c.insert(k, p[i * bs:(i + 1) * bs], block, parent=keys[i - 1] if i else b""):
                 block += 1
         c.check_invariants()
     query = prompts[-1]
@@ -83,3 +84,12 @@ def test_match_returns_the_longest_cached_chain(prompts):
             n += 1
         best = max(best, n)
     assert len(hit) == min(best, max_cacheable_blocks(len(query), bs))
+
+
+def test_a_hit_is_checked_against_the_parent_key_too():
+    """A forged collision: the same key and tokens registered after another past must miss."""
+    c = PrefixCache()
+    key = block_key(b"parent-a", [1, 2])
+    assert c.insert(key, [1, 2], 7, parent=b"parent-a")
+    assert c.lookup(key, [1, 2], parent=b"parent-a") == 7
+    assert c.lookup(key, [1, 2], parent=b"parent-b") is None

@@ -71,3 +71,30 @@ def test_b200_ops_per_byte_is_about_560_at_8_bits():
     assert round(get_chip("B200").ops_per_byte("fp8")) == 562
     with pytest.raises(ValueError, match="no dense rate"):
         get_chip("A100 80GB").peak_flops("fp4")
+
+
+def test_one_config_type_for_calculators_and_model():
+    """servelab.model.LlamaConfig is specs.ModelConfig; its rms_norm_eps default is transformers'."""
+    from servelab import model
+    assert model.LlamaConfig is ModelConfig
+    c = model.LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                          num_attention_heads=2)
+    assert c.rms_norm_eps == 1e-6 and c.name == "custom" and c.kv_groups == 1
+    transformers = pytest.importorskip("transformers")
+    assert transformers.LlamaConfig().rms_norm_eps == c.rms_norm_eps
+    # a registry shape feeds the model directly; a shape the model cannot build names its field
+    small = get_model("Llama-3-8B").with_(num_hidden_layers=1, hidden_size=64, intermediate_size=64,
+                                          num_attention_heads=4, num_key_value_heads=2,
+                                          vocab_size=32, name="small")
+    assert model.LlamaModel(small).config is small
+    with pytest.raises(ValueError, match="architectures"):
+        model.LlamaModel(get_model("GPT-3-175B").with_(num_hidden_layers=1))
+
+
+def test_hf_dict_roundtrip_keeps_token_ids_and_rope_parameters():
+    d = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "eos_token_id": [3, 4], "model_type": "llama",
+         "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    c = ModelConfig.from_hf_dict(d)
+    assert c.eos_token_ids == [3, 4] and c.rope_theta == 5e5 and c.rope_scaling is None
+    assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c

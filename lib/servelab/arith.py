@@ -112,11 +112,17 @@ def _attention_params_per_layer(c: ModelConfig) -> int:
     params = d * q_width + 2 * d * kv_width + q_width * d
     if c.attention_bias:
         params += q_width + 2 * kv_width
+        if c.architecture == "LlamaForCausalLM":  # Llama's o_proj takes the bias too; Qwen2's does not
+            params += d
     return params
 
 
 def _mlp_params(c: ModelConfig, intermediate: int) -> int:
-    return (3 if c.mlp_gated else 2) * c.hidden_size * intermediate
+    matrices = 3 if c.mlp_gated else 2
+    params = matrices * c.hidden_size * intermediate
+    if c.mlp_bias:
+        params += (matrices - 1) * intermediate + c.hidden_size
+    return params
 
 
 def count_params(config: ModelConfig | str) -> ParamCount:

@@ -23,7 +23,9 @@ class GenerationResult:
 
     ``finish_reason`` is ``"stop"`` (end token, stop token or stop string) or
     ``"length"`` (hit ``max_tokens``), as in the OpenAI API. ``stop_reason`` says
-    which stop fired (the string or token id), ``None`` otherwise. The end
+    which stop fired (the stop string or stop token id; ``None`` for the model's
+    end token and for ``"length"``), exactly as the engine reports it
+    (:class:`servelab.engine.stop.StopChecker` decides for both). The end
     token, when produced, is in ``token_ids`` but not in ``text``; a stop string
     and anything after it are cut from ``text``.
     """
@@ -78,18 +80,23 @@ def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int 
     Generation ends at the model's end token (``config.eos_token_id``, or the
     tokenizer's ``<|endoftext|>``) unless ``sampling.ignore_eos``, at a stop
     token or string, or after ``max_tokens`` tokens. ``on_token(id, text_so_far)``
-    is called after each token, which is all streaming is.
+    is called after each token, which is all streaming is. ``max_tokens`` (or
+    ``max_new_tokens``) below 1 is a ``ValueError``, as in the engine.
     """
+    from servelab.engine.sampler import suppress_tokens
+    from servelab.engine.stop import StopChecker
+
     params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     if max_new_tokens is not None or stop:
         extra = [stop] if isinstance(stop, str) else list(stop or [])
         params = SamplingParams(**{**params.__dict__,
                                    "max_tokens": max_new_tokens if max_new_tokens is not None else params.max_tokens,
                                    "stop": list(params.stop) + extra})
+    params.validate()
     prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token (e.g. the <|endoftext|> id)")
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _eos_ids(model, tokenizer, eos_token_id))
+    checker = StopChecker(params, _eos_ids(model, tokenizer, eos_token_id))
     generator = make_generator(params.seed)
     device = next(model.parameters()).device
 
@@ -99,28 +106,30 @@ def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int 
     out: list[int] = []
     chosen_lp: list[float] | None = [] if params.logprobs is not None else None
     alts: list | None = [] if params.logprobs else None
-    text, finish, reason = "", "length", None
-    while True:
-        token = int(sample(logits, params, generator))
+    text, finish, reason = "", None, None
+    while finish is None:
+        banned = checker.suppressed_token_ids(len(out))
+        token = int(sample(suppress_tokens(logits[None], [banned])[0], params, generator))
         out.append(token)
         if chosen_lp is not None:
             chosen_lp.append(float(log_softmax(logits)[token]))
         if alts is not None:
             alts.append(top_logprobs(logits, params.logprobs))
-        if token in stop_ids:
-            finish, reason = "stop", token
+        hit = checker.check_token(token, len(out))     # the same rules as the engine's
+        if hit is not None:
+            finish, reason = hit
             break
         text = decode_tokens(tokenizer, out)
-        hits = [(text.find(s), s) for s in params.stop if s in text]
-        if hits:
-            cut, reason = min(hits)
-            text, finish = text[:cut], "stop"
+        found = checker.check_text(text, 0, len(out))
+        if found is not None:
+            end, reason = found
+            text, finish = text[:end], "stop"
             break
         if on_token is not None:
             on_token(token, text)
-        if len(out) >= params.max_tokens:
-            break
-        logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]   # decode: one pass per token
-        passes += 1
+        finish = checker.check_length(len(out), len(prompt_ids) + len(out))
+        if finish is None:
+            logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]  # decode: a pass per token
+            passes += 1
     return GenerationResult(prompt_token_ids=prompt_ids, token_ids=out, text=text, finish_reason=finish,
                             stop_reason=reason, logprobs=chosen_lp, top_logprobs=alts, forward_passes=passes)

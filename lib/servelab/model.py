@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,9 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.attention import apply_rope, mask_from_positions, rope_cos_sin, rope_inv_freq
+from servelab.specs import ModelConfig
 
 __all__ = [
-    "LlamaConfig", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
+    "LlamaConfig", "check_llama_config", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
     "LlamaModel", "KVCache", "FusedLinears", "load_pretrained", "save_pretrained", "load_config",
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
 ]
@@ -48,116 +48,34 @@ SUPPORTED_MODEL_TYPES = ("llama",)
 
 # ====================================================================== config
 
-@dataclass
-class LlamaConfig:
-    """The fields of a Hugging Face Llama ``config.json`` that shape the network.
+#: The one config type (:class:`servelab.specs.ModelConfig`), under the name
+#: Hugging Face gives it. ``rms_norm_eps`` defaults to 1e-6, as in ``transformers``.
+LlamaConfig = ModelConfig
 
-    Field names are Hugging Face's. ``head_dim`` defaults to
-    ``hidden_size // num_attention_heads`` and ``num_key_value_heads`` to
-    ``num_attention_heads`` (plain multi-head attention), as in ``transformers``.
+
+def check_llama_config(config: ModelConfig) -> ModelConfig:
+    """Refuse, with the field named, a config this Llama decoder cannot build.
+
+    The config type also describes GPT-3, Mixtral or DeepSeek shapes for the
+    calculators; the model runs only dense SwiGLU Llama-family decoders.
     """
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    hidden_act: str = "silu"
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    pad_token_id: int | None = None
-    torch_dtype: str | None = None
-
-    def __post_init__(self):
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
-                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                    f"({self.num_attention_heads}); set head_dim explicitly")
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.hidden_act != "silu":
-            raise ValueError(f"config field hidden_act={self.hidden_act!r} is not supported (Llama uses 'silu')")
-        if self.rope_scaling is not None:
-            rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling)  # validates the type/fields
-
-    # ------------------------------------------------------------------
-    @property
-    def kv_groups(self) -> int:
-        """Query heads per K/V head (1 = MHA, num_attention_heads = MQA)."""
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        if self.eos_token_id is None:
-            return []
-        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
-
-    @classmethod
-    def from_hf_dict(cls, d: Mapping[str, Any]) -> "LlamaConfig":
-        """Read a Hugging Face ``config.json`` dict; refuses other architectures.
-
-        Understands both the classic ``rope_theta`` + ``rope_scaling`` fields and
-        the ``rope_parameters`` dict written by ``transformers`` 5.
-        """
-        d = dict(d)
-        archs = d.get("architectures")
-        if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise ValueError(
-                f"config field architectures={archs} is not supported; servelab.model loads "
-                f"{list(SUPPORTED_ARCHITECTURES)} checkpoints")
-        model_type = d.get("model_type")
-        if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"config field model_type={model_type!r} is not supported; expected one of "
-                f"{list(SUPPORTED_MODEL_TYPES)}")
-        rope_params = d.pop("rope_parameters", None)
-        if rope_params:
-            rope_params = dict(rope_params)
-            d.setdefault("rope_theta", rope_params.pop("rope_theta", 10000.0))
-            if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
-                d.setdefault("rope_scaling", rope_params)
-        if d.get("rope_scaling") and d["rope_scaling"].get("rope_type",
-                                                           d["rope_scaling"].get("type")) == "default":
-            d["rope_scaling"] = None
-        if "dtype" in d and "torch_dtype" not in d:
-            d["torch_dtype"] = d["dtype"]
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads")
-        missing = [name for name in required if name not in d]
-        if missing:
-            raise ValueError(f"config.json is missing the required field(s) {missing}")
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def to_hf_dict(self) -> dict:
-        """A ``config.json`` dict that both ``transformers`` and servelab read."""
-        d = asdict(self)
-        d = {k: v for k, v in d.items() if v is not None or k in ("rope_scaling",)}
-        d["architectures"] = list(SUPPORTED_ARCHITECTURES)
-        d["model_type"] = "llama"
-        return d
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"expected a servelab.specs.ModelConfig (alias LlamaConfig), "
+                        f"got {type(config).__name__}")
+    if config.architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"config field architectures=[{config.architecture!r}] is not supported; "
+            f"servelab.model loads {list(SUPPORTED_ARCHITECTURES)} checkpoints")
+    if config.hidden_act != "silu" or not config.mlp_gated:
+        raise ValueError(f"config field hidden_act={config.hidden_act!r} (gated={config.mlp_gated}) "
+                         "is not supported (Llama uses a gated 'silu' MLP)")
+    if config.is_moe or config.kv_lora_rank is not None:
+        raise ValueError("mixture-of-experts and latent-attention fields are set; "
+                         "servelab.model builds dense Llama decoders only")
+    if config.head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {config.head_dim}")
+    rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)  # validates rope_scaling
+    return config
 
 
 def load_config(path: str | Path) -> LlamaConfig:
@@ -166,7 +84,12 @@ def load_config(path: str | Path) -> LlamaConfig:
     file = path / "config.json" if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no config.json at {file}")
-    return LlamaConfig.from_hf_dict(json.loads(file.read_text()))
+    d = json.loads(file.read_text())
+    model_type = d.get("model_type")
+    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"config field model_type={model_type!r} is not supported; expected one of "
+                         f"{list(SUPPORTED_MODEL_TYPES)}")
+    return check_llama_config(ModelConfig.from_hf_dict(d, name=file.parent.name))
 
 
 # ====================================================================== fused projections
@@ -427,7 +350,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = config
+        self.config = check_llama_config(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -659,24 +582,11 @@ def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[s
 
 
 def count_parameters_from_config(config: LlamaConfig) -> dict[str, int]:
-    """Parameters by part, from the config alone (checked against real tensors in the tests)."""
-    d, hd = config.hidden_size, config.head_dim
-    attn = d * hd * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    if config.attention_bias:
-        attn += hd * (config.num_attention_heads + 2 * config.num_key_value_heads) + d
-    mlp = 3 * d * config.intermediate_size
-    if config.mlp_bias:
-        mlp += 2 * config.intermediate_size + d
-    norms = 2 * d
-    embed = config.vocab_size * d
-    head = 0 if config.tie_word_embeddings else config.vocab_size * d
-    per_layer = attn + mlp + norms
-    return {
-        "embedding": embed,
-        "attention": attn * config.num_hidden_layers,
-        "mlp": mlp * config.num_hidden_layers,
-        "norms": norms * config.num_hidden_layers + d,
-        "lm_head": head,
-        "per_layer": per_layer,
-        "total": embed + head + per_layer * config.num_hidden_layers + d,
-    }
+    """Parameters by part, from the config alone: :func:`servelab.arith.count_params`
+    (the course's one counter) as a dict, plus ``per_layer``. The tests check it
+    against the real tensors."""
+    from servelab import arith
+    c = arith.count_params(config)
+    per_layer = (c.attention + c.mlp + c.norms - config.hidden_size) // config.num_hidden_layers
+    return {"embedding": c.embedding, "attention": c.attention, "mlp": c.mlp, "norms": c.norms,
+            "lm_head": c.lm_head, "per_layer": per_layer, "total": c.total}

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from servelab.prefix_cache import BlockKey, PrefixCache, block_keys
+from servelab.prefix_cache import ROOT_KEY, BlockKey, PrefixCache, block_keys
 
 __all__ = [
     "NoFreeBlocksError", "BlockAllocator", "BlockTable", "KVUsage", "KVCacheManager",
@@ -124,14 +124,28 @@ class BlockAllocator:
 class BlockTable:
     """One sequence's physical blocks, in logical order.
 
-    ``num_tokens`` counts slots whose K/V has been written; ``keys`` are the
-    prefix-cache keys of the leading full blocks already known.
+    * ``num_filled_slots`` - leading slots whose K/V has been written.
+    * ``keys`` - the sequence's one chain of prefix-cache keys, one per full
+      block of its tokens. Keys depend on the tokens only, so they survive
+      :meth:`KVCacheManager.free` (a preempted sequence does not hash again).
+    * ``num_registered_blocks`` - leading blocks already in the prefix cache
+      (taken from it, or offered to it by :meth:`KVCacheManager.commit`).
     """
 
     block_size: int
     block_ids: list[int] = field(default_factory=list)
-    num_tokens: int = 0
+    num_filled_slots: int = 0
     keys: list[BlockKey] = field(default_factory=list)
+    num_registered_blocks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Deprecated name of :attr:`num_filled_slots` (it never counted the sequence's tokens)."""
+        return self.num_filled_slots
+
+    @num_tokens.setter
+    def num_tokens(self, value: int) -> None:
+        self.num_filled_slots = value
 
     @property
     def capacity(self) -> int:
@@ -145,6 +159,16 @@ class BlockTable:
     def slots(self, start: int, end: int) -> list[int]:
         bs, ids = self.block_size, self.block_ids
         return [ids[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def extend_keys(self, token_ids: Sequence[int], num_blocks: int,
+                    cache_salt: str | None = None) -> list[BlockKey]:
+        """Grow :attr:`keys` to cover the first ``num_blocks`` full blocks of
+        ``token_ids`` (hashing only the new ones) and return the chain."""
+        if len(self.keys) < num_blocks:
+            self.keys.extend(block_keys(token_ids, self.block_size, cache_salt=cache_salt,
+                                        num_blocks=num_blocks, start=len(self.keys),
+                                        parent=self.keys[-1] if self.keys else ROOT_KEY))
+        return self.keys
 
 
 @dataclass(frozen=True)
@@ -242,11 +266,13 @@ class KVCacheManager:
         if prefix_blocks:
             if table.block_ids:
                 raise ValueError("prefix blocks can only start an empty block table")
-            for b in prefix_blocks:
+            for i, b in enumerate(prefix_blocks):
                 self.allocator.reclaim(b)
-                table.keys.append(self.prefix_cache.key_of(b))
+                if i == len(table.keys):  # a caller that matched without the table's chain
+                    table.keys.append(self.prefix_cache.key_of(b))
             table.block_ids.extend(prefix_blocks)
-            table.num_tokens = len(prefix_blocks) * self.block_size
+            table.num_filled_slots = len(prefix_blocks) * self.block_size
+            table.num_registered_blocks = len(prefix_blocks)
         while table.capacity < num_tokens:
             table.block_ids.append(self.allocator.allocate())
         return True
@@ -257,19 +283,18 @@ class KVCacheManager:
         offer every newly full block to the prefix cache."""
         if num_computed > table.capacity:
             raise ValueError(f"{num_computed} tokens computed but only {table.capacity} slots")
-        table.num_tokens = num_computed
+        table.num_filled_slots = num_computed
         if self.prefix_cache is None:
             return
         full = num_computed // self.block_size
-        if full <= len(table.keys):
+        if full <= table.num_registered_blocks:
             return
-        parent = table.keys[-1] if table.keys else b""
-        new_keys = block_keys(token_ids, self.block_size, cache_salt=cache_salt,
-                              num_blocks=full, start=len(table.keys), parent=parent)
+        keys = table.extend_keys(token_ids, full, cache_salt)
         bs = self.block_size
-        for i, key in enumerate(new_keys, start=len(table.keys)):
-            self.prefix_cache.insert(key, token_ids[i * bs:(i + 1) * bs], table.block_ids[i])
-        table.keys.extend(new_keys)
+        for i in range(table.num_registered_blocks, full):
+            self.prefix_cache.insert(keys[i], token_ids[i * bs:(i + 1) * bs], table.block_ids[i],
+                                     parent=keys[i - 1] if i else ROOT_KEY)
+        table.num_registered_blocks = full
 
     def free(self, table: BlockTable) -> None:
         """Release every block. Tail blocks are freed first, so they are reused
@@ -278,8 +303,39 @@ class KVCacheManager:
         for b in reversed(table.block_ids):
             self.allocator.free(b)
         table.block_ids.clear()
-        table.keys.clear()
-        table.num_tokens = 0
+        table.num_filled_slots = 0
+        table.num_registered_blocks = 0  # the keys stay: they depend on the tokens only
+
+    def truncate(self, table: BlockTable, num_tokens: int) -> list[int]:
+        """Roll ``table`` back to its first ``num_tokens`` tokens (rejected draft tokens).
+
+        Blocks left empty are freed (returned). Blocks past the new last full
+        block leave the prefix cache if this table registered them and no one
+        else holds them, and their keys are dropped: a rolled-back block is
+        never found by a later request.
+        """
+        if not 0 <= num_tokens <= table.num_filled_slots:
+            raise ValueError(f"can only roll back to a length in [0, {table.num_filled_slots}], "
+                             f"got {num_tokens}")
+        bs = self.block_size
+        full = num_tokens // bs
+        keep = blocks_for(num_tokens, bs)
+        if keep > full and self.allocator.ref_count[table.block_ids[full]] > 1:
+            raise ValueError(f"block {table.block_ids[full]} is shared with another sequence; rolling "
+                             "back into it would overwrite their K/V (fork or copy it first)")
+        if self.prefix_cache is not None:
+            for i in range(full, min(table.num_registered_blocks, len(table.block_ids))):
+                b = table.block_ids[i]
+                if self.allocator.ref_count[b] == 1:
+                    self.prefix_cache.evict(b)
+        dropped = table.block_ids[keep:]
+        for b in reversed(dropped):
+            self.allocator.free(b)
+        del table.block_ids[keep:]
+        del table.keys[full:]
+        table.num_registered_blocks = min(table.num_registered_blocks, full)
+        table.num_filled_slots = num_tokens
+        return dropped
 
     def fork(self, table: BlockTable) -> tuple[BlockTable, tuple[int, int] | None]:
         """A child sharing the parent's K/V (parallel sampling, beam search).
@@ -288,9 +344,10 @@ class KVCacheManager:
         written by both, so the child gets a private copy now; the caller must
         copy K/V from ``src`` to ``dst`` (returned as ``(src, dst)``, or None).
         """
-        child = BlockTable(self.block_size, num_tokens=table.num_tokens, keys=list(table.keys))
-        full = table.num_tokens // self.block_size
-        partial = len(table.block_ids) > full and table.num_tokens % self.block_size != 0
+        child = BlockTable(self.block_size, num_filled_slots=table.num_filled_slots, keys=list(table.keys),
+                           num_registered_blocks=table.num_registered_blocks)
+        full = table.num_filled_slots // self.block_size
+        partial = len(table.block_ids) > full and table.num_filled_slots % self.block_size != 0
         if partial and self.allocator.num_free == 0:
             raise NoFreeBlocksError("fork needs one free block for the partial last block")
         shared = table.block_ids[:full]
@@ -319,7 +376,7 @@ class KVCacheManager:
         bs = self.block_size
         for t in tables:
             for i, b in enumerate(t.block_ids):
-                n = min(max(t.num_tokens - i * bs, 0), bs)
+                n = min(max(t.num_filled_slots - i * bs, 0), bs)
                 filled[b] = max(filled.get(b, 0), n)
         cached_free = 0
         if self.prefix_cache is not None:

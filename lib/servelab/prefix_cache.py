@@ -15,8 +15,9 @@ How a block is named: a block's key is a hash of
   share blocks, which stops one tenant from timing another's cache hits.
 
 Only *full* blocks are cached: a partial block is still being written.
-A hit also compares the stored token ids, so even a hash collision can never
-hand a request someone else's KV.
+A hit also compares the stored token ids and the stored parent key, so even a
+hash collision can never hand a request someone else's KV (the same tokens
+after a different past are a different block).
 
 This module is pure bookkeeping (dicts, no tensors). The allocator in
 :mod:`servelab.paged` owns the blocks; it calls :meth:`PrefixCache.evict` when a
@@ -86,7 +87,7 @@ def max_cacheable_blocks(num_prompt_tokens: int, block_size: int) -> int:
 class PrefixCache:
     """Map from block key to the physical block that holds it.
 
-    ``lookup`` returns a block only if its stored tokens match too.
+    ``lookup`` returns a block only if its stored tokens and parent key match too.
     ``insert`` never replaces an existing entry: if two requests computed the
     same block at once, the first one stays cached and the second stays a
     private block of its owner (replacing would not free anything, but keeping
@@ -95,9 +96,9 @@ class PrefixCache:
 
     def __init__(self) -> None:
         self._block_of: dict[BlockKey, int] = {}
-        self._entry_of: dict[int, tuple[BlockKey, tuple[int, ...]]] = {}
-        self.hits = 0      # blocks found (counted by the caller via record)
-        self.queries = 0   # blocks asked for
+        self._entry_of: dict[int, tuple[BlockKey, BlockKey, tuple[int, ...]]] = {}
+        self.hits = 0      # blocks found, counted once per admission (:meth:`record`)
+        self.queries = 0   # blocks asked for, likewise
 
     def __len__(self) -> int:
         return len(self._block_of)
@@ -105,23 +106,25 @@ class PrefixCache:
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._entry_of
 
-    def lookup(self, key: BlockKey, token_ids: Sequence[int]) -> int | None:
-        """Block holding exactly these tokens under this key, or None."""
+    def lookup(self, key: BlockKey, token_ids: Sequence[int], parent: BlockKey = ROOT_KEY) -> int | None:
+        """Block holding exactly these tokens after exactly this parent, under this key, or None."""
         block = self._block_of.get(key)
         if block is None:
             return None
-        stored_key, stored_tokens = self._entry_of[block]
-        if stored_key != key or stored_tokens != tuple(token_ids):
+        stored_key, stored_parent, stored_tokens = self._entry_of[block]
+        if stored_key != key or stored_parent != parent or stored_tokens != tuple(token_ids):
             return None  # a hash collision: never trust the key alone
         return block
 
-    def insert(self, key: BlockKey, token_ids: Sequence[int], block_id: int) -> bool:
-        """Register a full, computed block. Returns False if the key is taken
-        (a duplicate) or the block is already registered under another key."""
+    def insert(self, key: BlockKey, token_ids: Sequence[int], block_id: int,
+               parent: BlockKey = ROOT_KEY) -> bool:
+        """Register a full, computed block (``parent``: the key of the block before it).
+        Returns False if the key is taken (a duplicate) or the block is already
+        registered under another key."""
         if key in self._block_of or block_id in self._entry_of:
             return False
         self._block_of[key] = block_id
-        self._entry_of[block_id] = (key, tuple(token_ids))
+        self._entry_of[block_id] = (key, parent, tuple(token_ids))
         return True
 
     def evict(self, block_id: int) -> bool:
@@ -142,20 +145,27 @@ class PrefixCache:
         """Longest run of cached leading blocks for a prompt (block ids, in order).
 
         Stops at the first miss: a block is only valid after its exact past.
-        Never returns more than :func:`max_cacheable_blocks`.
+        Never returns more than :func:`max_cacheable_blocks`. A lookup is not a
+        hit yet (the request may still wait): the scheduler calls :meth:`record`
+        once, when the request is admitted.
         """
         limit = max_cacheable_blocks(len(token_ids), block_size)
         if keys is None:
             keys = block_keys(token_ids, block_size, cache_salt=cache_salt, num_blocks=limit)
         found: list[int] = []
+        parent = ROOT_KEY
         for i in range(min(limit, len(keys))):
-            block = self.lookup(keys[i], token_ids[i * block_size:(i + 1) * block_size])
+            block = self.lookup(keys[i], token_ids[i * block_size:(i + 1) * block_size], parent)
             if block is None:
                 break
             found.append(block)
-        self.queries += limit
-        self.hits += len(found)
+            parent = keys[i]
         return found
+
+    def record(self, num_queried: int, num_hits: int) -> None:
+        """Count one admission's lookup: ``num_queried`` blocks asked for, ``num_hits`` found."""
+        self.queries += num_queried
+        self.hits += num_hits
 
     def clear(self) -> None:
         self._block_of.clear()
@@ -166,3 +176,7 @@ class PrefixCache:
         assert len(self._block_of) == len(self._entry_of)
         for key, block in self._block_of.items():
             assert self._entry_of[block][0] == key
+
+    def parent_of(self, block_id: int) -> BlockKey | None:
+        entry = self._entry_of.get(block_id)
+        return None if entry is None else entry[1]

@@ -26,6 +26,7 @@ import torch
 
 __all__ = [
     "SamplingParams",
+    "check_max_tokens",
     "apply_temperature",
     "top_k_filter",
     "top_p_filter",
@@ -52,6 +53,10 @@ class SamplingParams:
     ``seed``: per-request seed; ``None`` draws from torch's global generator.
     ``logprobs``: how many top alternatives to report per generated token (``None`` = none;
     0 = only the chosen token's logprob).
+    ``min_tokens``: new tokens before the end token, a stop token or a stop string may end
+    the output (end and stop tokens are not drawn before that).
+    ``include_stop_str_in_output``: keep the stop string that ended the output in its text.
+    The rules themselves live in :class:`servelab.engine.stop.StopChecker`.
     """
 
     temperature: float = 1.0
@@ -63,6 +68,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -77,8 +84,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        check_max_tokens(self.max_tokens)
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
@@ -88,6 +97,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_max_tokens(max_tokens) -> int:
+    """``max_tokens`` must be an integer >= 1 everywhere (``SamplingParams``, the
+    engine, ``generate``), as in vLLM: asking for no tokens is an error, not a no-op."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}; "
+                         "a request that wants no new token has nothing to run")
+    return max_tokens
 
 
 # ------------------------------------------------------------------ the steps
@@ -172,12 +190,20 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
 
     This is what an engine needs: requests in one batch have different
     temperatures and seeds, and a seeded request must get the same tokens
-    whoever it shares the batch with.
+    whoever it shares the batch with. Greedy rows take one ``argmax`` together
+    (they draw no random numbers); every other row is drawn on its own.
     """
     if not (len(params) == len(generators) == logits.shape[0]):
         raise ValueError(f"need one SamplingParams and one generator per row: got {len(params)}, "
                          f"{len(generators)} for {logits.shape[0]} rows")
-    return torch.stack([sample(logits[i], params[i], generators[i]) for i in range(logits.shape[0])])
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        out[greedy] = logits[greedy].argmax(dim=-1)
+    for i, p in enumerate(params):
+        if not p.greedy:
+            out[i] = sample(logits[i], p, generators[i])
+    return out
 
 
 # ------------------------------------------------------------------ logprobs

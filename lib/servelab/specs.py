@@ -8,7 +8,7 @@ Pure Python: no torch, no numpy, so the calculators import in milliseconds.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 GB = 1e9  # vendors quote memory and bandwidth in decimal units
@@ -21,17 +21,31 @@ PFLOPS = 1e15
 # Models
 # ---------------------------------------------------------------------------
 
+#: The architecture :class:`servelab.model.LlamaModel` builds (and the default here).
+LLAMA_ARCHITECTURE = "LlamaForCausalLM"
+
+#: ``model_type`` -> architecture, for a config.json that names only its type.
+_ARCH_OF_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                       "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                       "gpt2": "GPT2LMHeadModel", "deepseek_v3": "DeepseekV3ForCausalLM"}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a decoder-only transformer, named as in Hugging Face configs.
 
-    ``num_key_value_heads`` defaults to ``num_attention_heads`` (plain multi-head
-    attention) and ``head_dim`` to ``hidden_size // num_attention_heads``, exactly
-    as ``transformers`` does. Mixture-of-experts and multi-head latent attention
-    (MLA) fields stay at their zero/None defaults for dense models.
+    The one config type of the course: the calculators read it, and
+    :class:`servelab.model.LlamaModel` is built from it
+    (``servelab.model.LlamaConfig`` is this same class). ``num_key_value_heads``
+    defaults to ``num_attention_heads`` (plain multi-head attention),
+    ``head_dim`` to ``hidden_size // num_attention_heads`` and ``rms_norm_eps``
+    to 1e-6, exactly as ``transformers.LlamaConfig`` does (a registry entry
+    whose config.json says otherwise gives its own value). Mixture-of-experts
+    and multi-head latent attention (MLA) fields stay at their zero/None
+    defaults for dense models. ``name`` (keyword only) labels the shape in
+    tables; ``eos_token_id`` and friends are carried for the model and engine.
     """
 
-    name: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -42,11 +56,12 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     rope_theta: float = 10_000.0
     rope_scaling: Mapping[str, Any] | None = None
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     mlp_gated: bool = True  # SwiGLU has three MLP matrices; GPT-3's GELU MLP has two
     attention_bias: bool = False
+    mlp_bias: bool = False
     # Mixture of experts (Mixtral: num_local_experts; DeepSeek: n_routed_experts)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -59,10 +74,16 @@ class ModelConfig:
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # Tokens and storage (read by the model and the engine, not by the calculators)
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    torch_dtype: str | None = None
     # Bookkeeping
     nominal_params: float | None = None  # the headline size in the model's name, e.g. 8e9
-    architecture: str = "LlamaForCausalLM"
+    architecture: str = LLAMA_ARCHITECTURE
     source: str = ""
+    name: str = field(default="custom", kw_only=True, compare=False)  # a label, not part of the shape
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size",
@@ -79,12 +100,12 @@ class ModelConfig:
                     f"num_attention_heads {self.num_attention_heads}; give head_dim explicitly")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         kv, heads = self.num_key_value_heads, self.num_attention_heads
-        if kv <= 0 or heads % kv:
+        if not isinstance(kv, int) or kv <= 0 or heads % kv:
             raise ValueError(
                 f"{self.name}: num_key_value_heads={kv} must be positive and divide "
                 f"num_attention_heads={heads} (each KV head serves a whole group of query heads)")
-        if self.head_dim <= 0:
-            raise ValueError(f"{self.name}: head_dim must be positive, got {self.head_dim}")
+        if not isinstance(self.head_dim, int) or self.head_dim <= 0:
+            raise ValueError(f"{self.name}: head_dim must be a positive integer, got {self.head_dim}")
         if self.num_experts < 0 or self.num_experts_per_tok < 0:
             raise ValueError(f"{self.name}: expert counts cannot be negative")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
@@ -114,6 +135,21 @@ class ModelConfig:
     def queries_per_kv_head(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per K/V head (1 = MHA, num_attention_heads = MQA); same as
+        :attr:`queries_per_kv_head`, under the name the model code uses."""
+        return self.queries_per_kv_head
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """``eos_token_id`` as a list (a config may give one id or several)."""
+        if self.eos_token_id is None:
+            return []
+        if isinstance(self.eos_token_id, (list, tuple)):
+            return list(self.eos_token_id)
+        return [self.eos_token_id]
+
     # -- Hugging Face interchange ------------------------------------------
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], name: str | None = None,
@@ -121,25 +157,42 @@ class ModelConfig:
         """Build a config from a Hugging Face ``config.json`` dictionary.
 
         Understands Llama/Mistral/Qwen2 names, Mixtral's ``num_local_experts``,
-        DeepSeek's ``n_routed_experts`` and MLA fields, and GPT-2 style
-        ``n_embd``/``n_layer``/``n_head``. Unknown keys are ignored, as
-        ``transformers`` ignores them; a missing required key raises.
+        DeepSeek's ``n_routed_experts`` and MLA fields, GPT-2 style
+        ``n_embd``/``n_layer``/``n_head``, and both the classic ``rope_theta`` +
+        ``rope_scaling`` fields and the ``rope_parameters`` dict written by
+        ``transformers`` 5. Unknown keys are ignored, as ``transformers``
+        ignores them; a missing required key raises. Whether a model can be
+        *built* from it is :func:`servelab.model.check_llama_config`'s question.
         """
         if not isinstance(d, Mapping):
             raise TypeError(f"from_hf_dict expects a dict parsed from config.json, got {type(d).__name__}")
+        d = dict(d)
+        rope_params = d.pop("rope_parameters", None)
+        if rope_params:
+            rope_params = dict(rope_params)
+            d.setdefault("rope_theta", rope_params.pop("rope_theta", 10_000.0))
+            if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
+                d.setdefault("rope_scaling", rope_params)
+        scaling = d.get("rope_scaling")
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+            d["rope_scaling"] = None
+        if "dtype" in d and "torch_dtype" not in d:
+            d["torch_dtype"] = d["dtype"]
         aliases = {
             "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
             "n_positions": "max_position_embeddings", "num_local_experts": "num_experts",
             "n_routed_experts": "num_experts", "n_inner": "intermediate_size",
         }
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"name", "source", "architecture"}
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
             key = aliases.get(key, key)
             if key in known and value is not None:
                 kwargs[key] = value
-        if "architectures" in d and d["architectures"]:
+        if d.get("architectures"):
             kwargs["architecture"] = d["architectures"][0]
+        elif d.get("model_type") is not None:
+            kwargs["architecture"] = _ARCH_OF_MODEL_TYPE.get(d["model_type"], str(d["model_type"]))
         if "intermediate_size" not in kwargs and "hidden_size" in kwargs and "n_embd" in d:
             kwargs["intermediate_size"] = 4 * kwargs["hidden_size"]  # GPT-2 default n_inner
         if d.get("model_type") in ("gpt2", "gpt3"):
@@ -155,10 +208,13 @@ class ModelConfig:
         return cls(**kwargs)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The config as Hugging Face field names (for ``LlamaConfig(**d)``)."""
+        """The config as a ``config.json`` dict that ``transformers`` and servelab both read."""
         d = {k: v for k, v in asdict(self).items()
              if k not in ("name", "source", "nominal_params", "architecture", "mlp_gated")}
         d["architectures"] = [self.architecture]
+        inverse = {arch: mt for mt, arch in _ARCH_OF_MODEL_TYPE.items()}
+        if self.architecture in inverse:
+            d["model_type"] = inverse[self.architecture]
         if self.num_experts == 0:
             for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                       "n_shared_experts", "first_k_dense_replace"):
@@ -166,6 +222,11 @@ class ModelConfig:
         if self.kv_lora_rank is None:
             for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
                 d.pop(k)
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype"):
+            if d[k] is None:
+                d.pop(k)
+        if d["rope_scaling"] is not None:
+            d["rope_scaling"] = dict(d["rope_scaling"])
         return d
 
     def with_(self, **changes: Any) -> "ModelConfig":
@@ -187,12 +248,14 @@ LLAMA3_8B = _register(ModelConfig(
     name="Llama-3-8B", vocab_size=128_256, hidden_size=4096, intermediate_size=14_336,
     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
     max_position_embeddings=8192, rope_theta=500_000.0, nominal_params=8e9,
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source=_LLAMA3_SOURCE.format("8B")))
 
 LLAMA3_70B = _register(ModelConfig(
     name="Llama-3-70B", vocab_size=128_256, hidden_size=8192, intermediate_size=28_672,
     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
     max_position_embeddings=8192, rope_theta=500_000.0, nominal_params=70e9,
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source=_LLAMA3_SOURCE.format("70B")))
 
 LLAMA31_405B = _register(ModelConfig(
@@ -202,12 +265,14 @@ LLAMA31_405B = _register(ModelConfig(
     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     nominal_params=405e9,
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source="https://huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json"))
 
 LLAMA2_70B = _register(ModelConfig(
     name="Llama-2-70B", vocab_size=32_000, hidden_size=8192, intermediate_size=28_672,
     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
     max_position_embeddings=4096, nominal_params=70e9,
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source="https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json"))
 
 GPT3_175B = _register(ModelConfig(
@@ -215,6 +280,7 @@ GPT3_175B = _register(ModelConfig(
     num_hidden_layers=96, num_attention_heads=96, head_dim=128, max_position_embeddings=2048,
     hidden_act="gelu", mlp_gated=False, tie_word_embeddings=True, attention_bias=True,
     nominal_params=175e9, architecture="GPT3",
+    rms_norm_eps=1e-5,  # GPT-3 uses LayerNorm; the field keeps its earlier value
     source="Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 "
            "(arXiv:2005.14165)"))
 
@@ -223,6 +289,7 @@ MIXTRAL_8X7B = _register(ModelConfig(
     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
     max_position_embeddings=32_768, rope_theta=1e6, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=14_336, nominal_params=46.7e9, architecture="MixtralForCausalLM",
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json"))
 
 DEEPSEEK_V3 = _register(ModelConfig(
@@ -252,6 +319,7 @@ EXAMPLE_200B = _register(ModelConfig(
     name="Example-200B", vocab_size=150_000, hidden_size=12_288, intermediate_size=57_600,
     num_hidden_layers=80, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
     nominal_params=200e9, architecture="Example",
+    rms_norm_eps=1e-5,  # an illustration: the field keeps its earlier value
     source="the course's seed guide 'Inside LLM serving' (running example; an illustration, "
            "not a real model)"))
 

@@ -27,13 +27,11 @@ from servelab.engine.model_runner import prepare_step
 from servelab.engine.sampler import Sampler
 from servelab.engine.scheduler import Scheduler
 from servelab.engine.sequence import CompletionOutput, RequestOutput, Sequence
+from servelab.engine.stop import StopChecker
+from servelab.generation import encode_prompt
+from servelab.sampling import SamplingParams
 
 __all__ = ["LLMEngine", "StepStats"]
-
-
-def _opt(params, name, default=None):
-    value = getattr(params, name, default)
-    return default if value is None else value
 
 
 @dataclass
@@ -73,6 +71,7 @@ class LLMEngine:
         self.keep_step_log = keep_step_log
         self.step_log: list[StepStats] = []
         self.num_steps = 0
+        self._step_outputs: list[RequestOutput] | None = None  # set while a step runs
 
     @classmethod
     def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None, **config) -> "LLMEngine":
@@ -93,15 +92,18 @@ class LLMEngine:
                     cache_salt: str | None = None) -> Sequence:
         """Queue a request. Raises ``ValueError`` (and queues nothing) if it can never run."""
         if sampling_params is None:
-            from servelab.sampling import SamplingParams
             sampling_params = SamplingParams()
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a servelab.sampling.SamplingParams, "
+                            f"got {type(sampling_params).__name__}")
+        sampling_params.validate()  # fields may have been changed since construction
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use; pick a unique id")
         text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass the prompt as a list of token ids")
-            text, prompt_ids = prompt, list(self.tokenizer.encode(prompt))
+            text, prompt_ids = prompt, encode_prompt(self.tokenizer, prompt)
         else:
             prompt_ids = [int(t) for t in prompt]
         self._validate(prompt_ids, sampling_params)
@@ -110,6 +112,7 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, sampling_params, self.config.block_size,
                        prompt=text, arrival_time=arrival_time, max_len=self.config.max_sequence_len,
                        cache_salt=cache_salt, generator=generator)
+        seq.stop_checker = StopChecker(sampling_params, self.eos_token_ids, self.config.max_sequence_len)
         self.requests[request_id] = seq
         if callback is not None:
             self._callbacks[request_id] = callback
@@ -138,12 +141,9 @@ class LLMEngine:
             raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="
                              f"{cfg.max_num_batched_tokens}, and chunked prefill is off; enable it "
                              f"or raise the budget")
-        if _opt(sp, "stop", None) and self.tokenizer is None:
+        if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need text, but this engine has no tokenizer; "
                              "use stop_token_ids or give the engine a tokenizer")
-        max_tokens = getattr(sp, "max_tokens", 16)
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now (client went away); its blocks are freed at once."""
@@ -152,6 +152,10 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq, "abort")
         out = self._output(seq)
+        if self._step_outputs is not None:
+            # called during a step (from a streaming callback): the step reports it too,
+            # so whoever drives step() sees every request finish exactly once
+            self._step_outputs.append(out)
         self._release(seq, out)
         return out
 
@@ -180,9 +184,14 @@ class LLMEngine:
         sampling = [s.seq for s in plan.scheduled if s.samples]
         tokens = self.sampler(logits, sampling) if sampling else []
         now = time.perf_counter()
-        outputs = []
-        for seq, token in zip(sampling, tokens):
-            outputs.append(self._append_token(seq, token, now))
+        outputs = self._step_outputs = []
+        try:
+            for seq, token in zip(sampling, tokens):
+                if seq.is_finished:  # aborted by a callback earlier in this step
+                    continue
+                outputs.append(self._append_token(seq, token, now))
+        finally:
+            self._step_outputs = None
         self.num_steps += 1
         if self.keep_step_log:
             self.step_log.append(StepStats(
@@ -198,19 +207,21 @@ class LLMEngine:
         if m.first_token_time is None:
             m.first_token_time = now
         m.token_times.append(now)
-        sp = seq.sampling_params
-        reason, stop_reason, hide_token = self._check_stop_token(seq, token)
+        checker: StopChecker = seq.stop_checker
+        n_out = seq.num_output_tokens
+        hit = checker.check_token(token, n_out)  # end or stop token: kept in ids, not in text
+        reason, stop_reason = hit if hit is not None else (None, None)
         detok = self._detok.get(seq.request_id)
-        if detok is not None and not hide_token:
+        if detok is not None and hit is None:
             detok.add(token)
             seq.output_text = detok.text
-            if reason is None:
-                reason, stop_reason = self._check_stop_strings(seq, sp)
+            found = checker.check_text(seq.output_text, seq.emitted_text_len, n_out)
+            if found is not None:
+                end, stop_reason = found
+                seq.output_text = seq.output_text[:end]
+                reason = "stop"
         if reason is None:
-            max_tokens = getattr(sp, "max_tokens", 16)
-            if (max_tokens is not None and seq.num_output_tokens >= max_tokens) \
-                    or seq.num_tokens >= seq.max_len:
-                reason = "length"
+            reason = checker.check_length(n_out, seq.num_tokens)
         if reason is not None:
             if detok is not None and not isinstance(stop_reason, str):
                 detok.flush()  # the end: show any half-decoded character as is
@@ -225,49 +236,11 @@ class LLMEngine:
                 cb(out)
         return out
 
-    def _check_stop_token(self, seq: Sequence, token: int):
-        sp = seq.sampling_params
-        if seq.num_output_tokens < _opt(sp, "min_tokens", 0):
-            return None, None, False
-        if token in self.eos_token_ids and not _opt(sp, "ignore_eos", False):
-            return "stop", None, True
-        if token in (_opt(sp, "stop_token_ids", ()) or ()):
-            return "stop", token, True
-        return None, None, False
-
-    def _check_stop_strings(self, seq: Sequence, sp):
-        stops = _opt(sp, "stop", None)
-        if not stops or seq.num_output_tokens < _opt(sp, "min_tokens", 0):
-            return None, None
-        if isinstance(stops, str):
-            stops = [stops]
-        text = seq.output_text
-        # A new match cannot start before the text already streamed: we hold back
-        # len(stop) - 1 characters, exactly so that this stays true.
-        begin = seq.emitted_text_len
-        best = None
-        for s in stops:
-            idx = text.find(s, begin)
-            if idx != -1 and (best is None or idx < best[0]):
-                best = (idx, s)
-        if best is None:
-            return None, None
-        idx, s = best
-        keep = idx + len(s) if _opt(sp, "include_stop_str_in_output", False) else idx
-        seq.output_text = text[:keep]
-        return "stop", s
-
     # -- outputs ------------------------------------------------------------------
-    def _holdback(self, seq: Sequence) -> int:
+    @staticmethod
+    def _holdback(seq: Sequence) -> int:
         """Characters not yet safe to stream: they might be the start of a stop string."""
-        if seq.is_finished:
-            return 0
-        stops = _opt(seq.sampling_params, "stop", None)
-        if not stops:
-            return 0
-        if isinstance(stops, str):
-            stops = [stops]
-        return max(len(s) for s in stops) - 1
+        return 0 if seq.is_finished else seq.stop_checker.holdback
 
     def _output(self, seq: Sequence) -> RequestOutput:
         text = seq.output_text

@@ -33,30 +33,14 @@ def load_tokenizer(folder: str | Path | None):
     return bpe.load_course_tokenizer()
 
 
-class _PromptTokenizer:
-    """Lets prompts contain special tokens (chat markers), as vLLM's prompts may."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return self.tokenizer.encode(text, allowed_special="all")
-        except TypeError:
-            return self.tokenizer.encode(text)
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode(ids)
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-
 class LLM:
     """A model, its tokenizer and an engine, ready for ``generate``.
 
     ``model`` is a checkpoint folder (config.json + model.safetensors) or a
-    :class:`servelab.model.LlamaModel`. ``num_kv_blocks`` defaults to enough
+    :class:`servelab.model.LlamaModel`. ``quantization`` (a scheme name) has
+    :func:`servelab.quant.quantize_model` replace the weights before the engine
+    is built. Prompt strings may contain special tokens (chat markers), as
+    vLLM's may (:func:`servelab.generation.encode_prompt`). ``num_kv_blocks`` defaults to enough
     blocks for every seat to reach ``max_model_len``, but at most
     ``DEFAULT_POOL_TOKENS`` slots (a laptop-sized pool; vLLM instead sizes it
     from the accelerator memory left after the weights).
@@ -68,12 +52,14 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  long_prefill_token_threshold: int | None = None, max_model_len: int | None = None,
-                 dtype="float32", kv_dtype=None, seed: int = 0):
+                 dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None):
         from servelab.model import LlamaModel, load_pretrained
         folder = None
         if not isinstance(model, LlamaModel):
             folder = Path(model)
             model = load_pretrained(folder, dtype=dtype)
+        if quantization is not None:
+            model = _quantize(model, quantization)
         if tokenizer is None:
             tokenizer = load_tokenizer(folder)
         self.model = model
@@ -82,7 +68,7 @@ class LLM:
         if num_kv_blocks is None:
             num_kv_blocks = -(-min(max_num_seqs * max_model_len, self.DEFAULT_POOL_TOKENS) // block_size)
         self.engine = LLMEngine.from_model(
-            model, _PromptTokenizer(tokenizer), seed=seed, kv_dtype=kv_dtype, block_size=block_size,
+            model, tokenizer, seed=seed, kv_dtype=kv_dtype, block_size=block_size,
             num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             enable_chunked_prefill=enable_chunked_prefill,
@@ -130,6 +116,15 @@ class LLM:
     @property
     def config(self):
         return self.engine.config
+
+
+def _quantize(model, scheme: str):
+    try:
+        from servelab.quant import quantize_model
+    except ImportError as exc:
+        raise ValueError(f"quantization={scheme!r} needs servelab.quant.quantize_model, which "
+                         f"this servelab does not have ({exc}); pass quantization=None") from exc
+    return quantize_model(model, scheme)
 
 
 def _error_output(request_id: str, prompt, message: str) -> RequestOutput:

@@ -1,11 +1,14 @@
 """Choosing each sequence's next token from its row of logits.
 
 Rows in one batch may ask for different things (greedy, temperature, top-k,
-top-p, a seed). Greedy rows are one ``argmax`` together. Every other row is
-sampled on its own, by :func:`servelab.sampling.sample`, with its request's own
-random generator: that is what makes a seeded request reproducible whatever
-else shares its batch, because the random numbers it draws never depend on its
-neighbours.
+top-p, a seed). :func:`servelab.sampling.sample_batch` does the choosing:
+greedy rows are one ``argmax`` together, every other row is sampled on its own
+with its request's own random generator. That is what makes a seeded request
+reproducible whatever else shares its batch: the random numbers it draws never
+depend on its neighbours. Rows without a seed share the engine's generator.
+
+Before that, a sequence that has not reached ``min_tokens`` gets its end and
+stop tokens masked out (:meth:`servelab.engine.stop.StopChecker.suppressed_token_ids`).
 
 Rows whose request asked for ``logprobs`` also get the model's log-probability
 of the chosen token (and of its ``n`` best alternatives) recorded on their
@@ -16,9 +19,20 @@ from __future__ import annotations
 
 import torch
 
-from servelab.sampling import logprobs, sample, top_logprobs
+from servelab.sampling import logprobs, sample_batch, top_logprobs
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "suppress_tokens"]
+
+
+def suppress_tokens(logits: torch.Tensor, row_ids) -> torch.Tensor:
+    """``logits`` with ``row_ids[i]`` (a set of token ids per row) set to -inf; copies only if needed."""
+    if not any(row_ids):
+        return logits
+    logits = logits.clone()
+    for i, ids in enumerate(row_ids):
+        if ids:
+            logits[i, list(ids)] = float("-inf")
+    return logits
 
 
 class Sampler:
@@ -26,23 +40,18 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)  # for rows without their own seed
 
     def __call__(self, logits: torch.Tensor, seqs) -> list[int]:
-        """One token per row; ``seqs[i]`` supplies row i's params and generator."""
-        out = [0] * len(seqs)
-        greedy = [i for i, s in enumerate(seqs) if s.sampling_params.temperature == 0]
-        if greedy:
-            for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
-                out[i] = t
-        for i, seq in enumerate(seqs):
-            if seq.sampling_params.temperature == 0:
-                continue
-            gen = seq.generator if seq.generator is not None else self.generator
-            out[i] = int(sample(logits[i], seq.sampling_params, gen))
+        """One token per row; ``seqs[i]`` supplies row i's params, generator and stop rules."""
+        suppressed = [s.stop_checker.suppressed_token_ids(s.num_output_tokens)
+                      if getattr(s, "stop_checker", None) is not None else () for s in seqs]
+        params = [s.sampling_params for s in seqs]
+        gens = [s.generator if s.generator is not None else self.generator for s in seqs]
+        out = sample_batch(suppress_tokens(logits, suppressed), params, gens).tolist()
         self._record_logprobs(logits, seqs, out)
         return out
 
     @staticmethod
     def _record_logprobs(logits: torch.Tensor, seqs, tokens: list[int]) -> None:
-        rows = [i for i, s in enumerate(seqs) if getattr(s.sampling_params, "logprobs", None) is not None]
+        rows = [i for i, s in enumerate(seqs) if s.sampling_params.logprobs is not None]
         if not rows:
             return
         lp = logprobs(logits[rows])

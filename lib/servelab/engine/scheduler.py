@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SequenceStatus
 from servelab.paged import KVCacheManager
-from servelab.prefix_cache import block_keys
+from servelab.prefix_cache import max_cacheable_blocks
 
 __all__ = ["ScheduledSequence", "SchedulerOutput", "Scheduler"]
 
@@ -128,6 +128,9 @@ class Scheduler:
             if not kv.allocate(seq.block_table, cached + n, hit):
                 break
             self.waiting.popleft()
+            if kv.prefix_cache is not None:  # statistics once per admission, not per retry
+                kv.prefix_cache.record(max_cacheable_blocks(seq.num_tokens, self.config.block_size),
+                                       len(hit))
             seq.num_computed_tokens = cached
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
@@ -139,16 +142,13 @@ class Scheduler:
         return out
 
     def _block_keys(self, seq: Sequence):
-        """The sequence's chained block keys, computed once and extended as it grows
-        (tokens are only ever appended, so earlier keys never change)."""
+        """The sequence's chained block keys (its block table's one chain), hashed
+        once and extended as it grows: tokens are only appended, so earlier keys
+        never change, and a preempted sequence keeps them."""
         if self.kv.prefix_cache is None:
             return None
-        keys = seq.prefix_keys
         full = seq.num_tokens // self.config.block_size
-        if len(keys) < full:
-            keys.extend(block_keys(seq.token_ids, self.config.block_size, cache_salt=seq.cache_salt,
-                                   num_blocks=full, start=len(keys), parent=keys[-1] if keys else b""))
-        return keys
+        return seq.block_table.extend_keys(seq.token_ids, full, seq.cache_salt)
 
     def _preempt(self, seq: Sequence) -> None:
         """Preemption by recompute: drop the K/V, keep the tokens, queue at the front."""
@@ -166,6 +166,18 @@ class Scheduler:
             seq = s.seq
             seq.num_computed_tokens += s.num_new_tokens
             self.kv.commit(seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.cache_salt)
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll a running sequence back to its first ``num_tokens`` tokens (e.g. draft
+        tokens a verifier rejected): tokens, computed count and KV blocks alike.
+        Emptied blocks are freed; rolled-back full blocks leave the prefix cache."""
+        if not seq.num_prompt_tokens <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"can only roll back to a length in [{seq.num_prompt_tokens}, "
+                             f"{seq.num_tokens}] (prompt kept), got {num_tokens}")
+        computed = min(seq.num_computed_tokens, num_tokens)
+        self.kv.truncate(seq.block_table, computed)
+        del seq.token_ids[num_tokens:]
+        seq.num_computed_tokens = computed
 
     def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         """Retire a sequence (finished or aborted) and free its blocks."""

@@ -80,8 +80,8 @@ class Sequence:
         self.block_table = BlockTable(block_size)
         self.max_len = max_len  # hard cap on prompt + output (context and pool)
         self.cache_salt = cache_salt
-        self.prefix_keys: list[bytes] = []  # chained block keys of the full blocks, grown lazily
         self.generator = generator  # torch.Generator for seeded sampling, or None
+        self.stop_checker = None  # servelab.engine.stop.StopChecker, set by the engine
         n = getattr(sampling_params, "logprobs", None)
         # the model's log-probability of each output token, and the n best alternatives, if asked
         self.logprobs: list[float] | None = [] if n is not None else None
