@@ -369,9 +369,10 @@ def test_too_many_requests_is_429_with_retry_after(model, tok):
     with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
         b = body(max_tokens=200, ignore_eos=True, stream=True)
         with c.stream("POST", "/v1/completions", json=b) as s1, c.stream("POST", "/v1/completions", json=b) as s2:
-            next(s1.iter_lines()), next(s2.iter_lines())
+            lines1, lines2 = s1.iter_lines(), s2.iter_lines()  # keep them: a dropped iterator closes
+            next(lines1), next(lines2)
             r = c.post("/v1/completions", json=body())
-            assert r.status_code == 429
+            assert r.status_code == 429, (loop.snapshot(), r.text[:300])
             assert r.headers["retry-after"] == "1"
             assert r.json()["error"]["type"] == "rate_limit_error" and "limit is 2" in r.json()["error"]["message"]
         assert wait_until(lambda: idle(engine, loop))
