@@ -13,16 +13,59 @@ def test_seed_pool_defaults():
     assert (r.latency_ok, r.capacity_ok, r.cost_ok) == (True, True, True)
 
 
-def test_same_config_on_the_other_workload_also_passes():
-    assert pool.size_pool(workload="documents").verdict().count("pass") == 3
+def test_the_two_workloads_differ_and_the_defaults_pass_only_chat():
+    chat, docs = pool.WORKLOADS["chat"], pool.WORKLOADS["documents"]
+    assert docs.prompt_tokens > 10 * chat.prompt_tokens and docs.output_tokens > chat.output_tokens
+    assert pool.size_pool(workload="chat").passes
+    r = pool.size_pool(workload="documents")
+    assert r.prompt_tokens == docs.prompt_tokens and not r.passes
+
+
+def test_percentiles_come_from_the_simulator():
+    r = pool.size_pool()
+    assert r.ttft_p95_s > r.ttft_p50_s >= r.ttft_s * 0.999  # queueing only adds
+    assert r.tpot_p95_s >= r.tpot_p50_s > 0
+    quick = pool.size_pool(simulate=False)
+    assert quick.replicas == quick.littles_law_replicas and quick.ttft_p95_s != quick.ttft_p95_s  # NaN
+
+
+def test_the_planner_adds_replicas_for_the_tail():
+    r = pool.size_pool(workload="documents")
+    assert r.replicas > r.littles_law_replicas and r.latency_ok
+    one = pool.simulate_peak(pool.WORKLOADS["documents"].peak_arrivals_per_s, r.live_seats, r.prompt_tokens,
+                             600, r.miss_tokens, r.kv_token_budget)
+    assert one[1] > pool.WORKLOADS["documents"].slo_ttft_s  # Little's law alone misses the p95
+
+
+def test_knee_latency_grows_with_load():
+    rows = pool.knee([1.0, 4.0, 8.0, 12.0])
+    p95 = [r["ttft_p95_s"] for r in rows]
+    assert p95 == sorted(p95) and p95[-1] > 5 * p95[0]
+    with pytest.raises(ValueError, match="positive"):
+        pool.knee([0.0])
 
 
 @pytest.mark.parametrize("name", sorted(pool.FAMOUS_FAILURES))
-def test_each_famous_failure_breaks_its_check_and_the_fix_mends_it(name):
-    check = pool.FAMOUS_FAILURES[name].check
+def test_each_famous_failure_breaks_one_check_and_the_fix_passes_all(name):
+    f = pool.FAMOUS_FAILURES[name]
     broken, fixed = pool.famous_failure(name)
-    assert getattr(broken, f"{check}_ok") is False
-    assert getattr(fixed, f"{check}_ok") is True
+    failed = [c for c in ("latency", "capacity", "cost") if not getattr(broken, f"{c}_ok")]
+    assert failed == [f.check]
+    assert fixed.passes, fixed.verdict()
+    story = pool.failure_story(name)
+    assert "before:" in story and "after:" in story and f.title in story
+
+
+def test_the_quality_upgrade_keeps_the_70b():
+    _, fixed = pool.famous_failure("quality upgrade")
+    assert fixed.workload == "chat" and fixed.chips // fixed.replicas == 2
+
+
+def test_what_mattered_differs_per_workload():
+    chat = {r["change"]: r["flipped"] for r in pool.what_mattered("chat")}
+    docs = {r["change"]: r["flipped"] for r in pool.what_mattered("documents")}
+    assert chat != docs
+    assert chat["70B class"] == ["cost"] and chat["static batching"] == ["latency"]
 
 
 def test_more_traffic_needs_more_replicas():
@@ -39,7 +82,7 @@ def test_full_prefix_hits_skip_prefill():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(seats=0), "seats"), (dict(prompt_tokens=-1), "prompt_tokens"),
     (dict(prefix_hit_rate=1.5), "prefix_hit_rate"), (dict(workload="gaming"), "unknown workload"),
-    (dict(tier="large", prompt_tokens=2_000_000), "not one seat"),
+    (dict(tier="large", prompt_tokens=2_000_000), "not one seat"), (dict(policy="magic"), "policy"),
 ])
 def test_bad_knobs_raise_clearly(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -12,20 +12,28 @@ def _delta(value: float, base: float, fmt: str, unit: str = "") -> str:
 
 
 def pool_readout_html(r: PoolReadout, base: PoolReadout, other: PoolReadout) -> str:
-    """Tiles with deltas against the default config, the memory ledger and the other workload."""
+    """Tiles with deltas against the default config, the memory ledger and the other workload.
+
+    TTFT and TPOT are the simulated p95s at the peak (queueing included); the
+    prefill alone is shown beside them.
+    """
     tiles = tiles_html([
         ("live seats", f"{r.live_seats} {_delta(r.live_seats, base.live_seats, 'd')}"),
-        ("TTFT p95", f"{r.ttft_s * 1e3:,.0f} ms {_delta(r.ttft_s * 1e3, base.ttft_s * 1e3, ',.0f', ' ms')}"),
+        ("TTFT p95", f"{r.ttft_p95_s * 1e3:,.0f} ms {_delta(r.ttft_p95_s * 1e3, base.ttft_p95_s * 1e3, ',.0f', ' ms')}"),
+        ("TPOT p95", f"{r.tpot_p95_s * 1e3:,.0f} ms {_delta(r.tpot_p95_s * 1e3, base.tpot_p95_s * 1e3, ',.0f', ' ms')}"),
         ("aggregate decode", f"{r.aggregate_tokens_per_s:,.0f} tok/s "
                              f"{_delta(r.aggregate_tokens_per_s, base.aggregate_tokens_per_s, ',.0f')}"),
         ("monthly bill", f"${r.monthly_usd:,.0f} {_delta(r.monthly_usd, base.monthly_usd, ',.0f')}"),
-    ], min_width=170)
+    ], min_width=150)
     memory = (f"Memory grants all {r.requested_seats} requested seats: {r.kv_tokens_in_use / 1e3:,.1f}k KV tokens in "
               f"use against {r.kv_token_budget / 1e3:,.0f}k in the budget."
               if r.capacity_ok else
               f"Memory grants only {r.live_seats} of {r.requested_seats} seats; the rest queue.")
-    return (f"{tiles}<p><b>{r.verdict()}</b> · {r.replicas} replica(s), {r.chips} card(s).</p>"
-            f"<p>{memory}</p><p>Same config, the other workload: {other.verdict()}.</p>")
+    plan = (f"Little's law says {r.littles_law_replicas} replica(s); the p95s need {r.replicas}."
+            if r.replicas != r.littles_law_replicas else f"Little's law and the p95s agree: {r.replicas} replica(s).")
+    return (f"{tiles}<p><b>{r.verdict()}</b> · {r.replicas} replica(s), {r.chips} card(s). {plan}</p>"
+            f"<p>Prefill alone: {r.ttft_s * 1e3:,.0f} ms ({r.miss_tokens:,} cache-miss tokens). {memory}</p>"
+            f"<p>Same config, the other workload: {other.verdict()}.</p>")
 
 
 def pool_lab(workload: str = "chat"):
@@ -41,12 +49,14 @@ def pool_lab(workload: str = "chat"):
                              layout=layout, continuous_update=False),
         "tier": w.Dropdown(options=[(t.label, k) for k, t in kvcache.TIERS.items()], value="small",
                            description="Model tier", style=style, layout=layout),
-        "prompt_tokens": w.IntSlider(value=1200, min=100, max=100_000, step=100, description="Prompt length (tokens)",
+        "prompt_tokens": w.IntSlider(value=pool.WORKLOADS[workload].prompt_tokens, min=100, max=100_000, step=100, description="Prompt length (tokens)",
                                      style=style, layout=layout, continuous_update=False),
         "prefix_hit_rate": w.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05, description="Prefix cache hit rate",
                                          style=style, layout=layout, continuous_update=False),
         "cache_dtype": w.ToggleButtons(options=["bf16", "fp8"], value="bf16", description="Cache storage",
                                        style=style),
+        "policy": w.ToggleButtons(options=list(pool.POLICIES), value="continuous", description="Batching",
+                                  style=style),
     }
     failures = w.Dropdown(options=[("load a famous failure…", "")] + [(f.title, k) for k, f in
                                                                       pool.FAMOUS_FAILURES.items()],
@@ -56,10 +66,13 @@ def pool_lab(workload: str = "chat"):
     readout = w.HTML()
     defaults = {name: knob.value for name, knob in knobs.items()}
 
-    def settings(overrides: dict | None = None) -> dict:
-        return {**defaults, "workload": knobs["workload"].value, **(overrides or {})}
+    def settings(overrides: dict | None = None, workload: str | None = None) -> dict:
+        wl = workload or knobs["workload"].value
+        return {**defaults, "workload": wl, "prompt_tokens": pool.WORKLOADS[wl].prompt_tokens, **(overrides or {})}
 
     def refresh(_=None):
+        if busy["on"]:
+            return
         values = {name: knob.value for name, knob in knobs.items()}
         other = next(k for k in pool.WORKLOADS if k != values["workload"])
         try:
@@ -69,9 +82,20 @@ def pool_lab(workload: str = "chat"):
         except ValueError as exc:  # e.g. not one seat fits: say so instead of failing
             readout.value = f"<p style='color:#a00'>{exc}</p>"
 
+    busy = {"on": False}
+
     def set_knobs(values: dict):
-        for name, value in values.items():
-            knobs[name].value = value
+        busy["on"] = True  # one refresh at the end, not one per knob
+        try:
+            for name, value in values.items():
+                knobs[name].value = value
+        finally:
+            busy["on"] = False
+        refresh()
+
+    def workload_changed(change):
+        if not busy["on"]:  # a new workload brings its own prompt length
+            set_knobs({"prompt_tokens": pool.WORKLOADS[change["new"]].prompt_tokens})
 
     def load_failure(change):
         key = change["new"]
@@ -79,16 +103,20 @@ def pool_lab(workload: str = "chat"):
         if key:
             f = pool.FAMOUS_FAILURES[key]
             story.value = f"<p><i>{f.story}</i> (breaks: {f.check})</p>"
-            set_knobs(settings(f.broken))
+            set_knobs(settings(f.broken, f.workload))
 
     def apply_fix(_):
         if failures.value:
-            set_knobs(settings(pool.FAMOUS_FAILURES[failures.value].fix))
+            f = pool.FAMOUS_FAILURES[failures.value]
+            story.value = f"<p><i>{f.story}</i> (breaks: {f.check})</p><p>Fix: {f.fix_story}</p>"
+            set_knobs(settings(f.fix, f.workload))
 
     for knob in knobs.values():
         knob.observe(refresh, names="value")
+    knobs["workload"].observe(workload_changed, names="value")
     failures.observe(load_failure, names="value")
     fix.on_click(apply_fix)
     refresh()
-    return w.VBox([w.HTML("<b>The serving pool</b>: first token under 1,200 ms at p95, under $6,500 a month"),
+    return w.VBox([w.HTML("<b>The serving pool</b>: first token under 1,200 ms and a token every 100 ms "
+                          "at p95, under $6,500 a month (percentiles simulated at the peak)"),
                    *knobs.values(), readout, w.HBox([failures, fix]), story])

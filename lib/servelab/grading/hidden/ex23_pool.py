@@ -91,18 +91,18 @@ Q1 = Question(
 # ---------------------------------------------------------------------------
 
 def _replicas_case(label, arrivals, utilisation, output_tokens=_CHAT.output_tokens, **knobs):
-    """Readouts of ``size_pool`` in, its replica count out.
+    """Readouts of ``size_pool`` in (seats, per-seat decode rate, first-token time), Little's law out.
 
-    Planning to fill only ``utilisation`` of the seats is the same as sizing at
-    ``arrivals / utilisation`` with every seat full, so ``size_pool`` on the
-    scaled workload gives the expected answer. The seats, first-token time and
-    decode rate do not depend on the arrival rate.
+    The seats, first-token time and decode rate do not depend on the arrival
+    rate; the expected count is the reference :func:`_replicas` (Little's law,
+    then whole replicas), which ``size_pool`` also uses as its starting point
+    (``littles_law_replicas``) before planning for the percentiles.
     """
-    r = pool.size_pool(workload=Workload("case", arrivals, output_tokens), **knobs)
-    scaled = pool.size_pool(workload=Workload("case", arrivals / utilisation, output_tokens), **knobs)
-    _away_from_whole(arrivals * r.request_seconds / (r.live_seats * utilisation), "replicas before rounding")
+    r = pool.size_pool(workload=Workload("case", arrivals, output_tokens), simulate=False, **knobs)
     args = (arrivals, output_tokens, r.live_seats, r.per_seat_tokens_per_s, r.ttft_s, utilisation)
-    return Case(args=args, expected=scaled.replicas, label=label)
+    if utilisation == 1.0 and r.littles_law_replicas != _replicas(*args):
+        raise AssertionError("test case: the reference disagrees with the pool's Little's law")
+    return Case(args=args, expected=_replicas(*args), label=label)
 
 
 def _replicas(arrivals, output_tokens, seats, tokens_per_s_per_seat, ttft_s, utilisation):
@@ -114,6 +114,7 @@ def _replicas(arrivals, output_tokens, seats, tokens_per_s_per_seat, ttft_s, uti
 
 _TIMESTAMP = pool.FAMOUS_FAILURES["timestamp in the preamble"]
 _LONG = pool.FAMOUS_FAILURES["long prompts"]
+_WALL = pool.FAMOUS_FAILURES["memory wall"]
 
 Q2 = Question(
     id="q2", title="Replicas for the peak", function="replicas_needed", points=4, level="medium", minutes=10,
@@ -127,9 +128,15 @@ Q2 = Question(
         _replicas_case("the 70B class at 10 requests/s, 70% full", 10.0, 0.7, tier="large"),
         _replicas_case("a 60,000-token preamble with no prefix hits: the first token is a large share",
                        _CHAT.peak_arrivals_per_s, 0.9, **_TIMESTAMP.broken),
-        _replicas_case("30,000-token prompts: memory grants fewer seats than asked", 6.0, 0.75, **_LONG.broken),
+        _replicas_case("20,000-token documents: memory grants fewer seats than asked", 6.0, 0.75,
+                       output_tokens=_DOCS.output_tokens, prompt_tokens=_DOCS.prompt_tokens, **_LONG.broken),
+        _replicas_case("400 seats asked for: memory grants fewer", 30.0, 0.8, **_WALL.broken),
         Case(args=(10.0, 500, 32, 25.0, 0.5, 0.8), expected=_replicas(10.0, 500, 32, 25.0, 0.5, 0.8),
              label="10/s, 500 tokens at 25 tok/s a seat, 32 seats, 0.5 s first token, 80% full"),
+        # exactly 8 replicas' worth (8/s x (1 s + 475/25 s) = 160 in flight over 32 x 0.625 = 20 a replica):
+        # a whole number needs no extra replica, which int(x) + 1 gets wrong
+        Case(args=(8.0, 475, 32, 25.0, 1.0, 0.625), expected=8,
+             label="8/s, 475 tokens at 25 tok/s, 1 s first token, 32 seats 62.5% full: exactly 8.0 replicas"),
         Case(args=(4.0, 200, 0, 106.0, 0.03, 0.7), raises=ValueError, label="zero seats"),
         Case(args=(4.0, 200, 16, 0.0, 0.03, 0.7), raises=ValueError, label="a decode rate of 0"),
         Case(args=(0.0, 200, 16, 106.0, 0.03, 0.7), raises=ValueError, label="no arrivals"),
@@ -151,7 +158,7 @@ def _usd_per_million(monthly_usd, arrivals, output_tokens):
 
 
 def _bill_case(label, workload=_CHAT, **knobs):
-    r = pool.size_pool(workload=workload, **knobs)
+    r = pool.size_pool(workload=workload, simulate=False, **knobs)
     tier = kvcache.get_tier(knobs.get("tier", "small"))
     price = knobs.get("price_per_chip_hour", POOL_CHIP_HOURLY_USD)
     args = (r.replicas, tier.num_chips, price, workload.peak_arrivals_per_s, workload.output_tokens)
@@ -172,7 +179,7 @@ Q3 = Question(
         _bill_case(f"the chapter's pool on the document workload ({_DOCS.peak_arrivals_per_s:g}/s x "
                    f"{_DOCS.output_tokens} tokens)", workload=_DOCS),
         _bill_case("the quality upgrade: 70B class, 2 cards a replica", **_UPGRADE.broken),
-        _bill_case("the timestamp failure: 60,000-token prompts, many replicas", **_TIMESTAMP.broken),
+        _bill_case("the timestamp failure: 60,000-token prompts", workload=_DOCS, **_TIMESTAMP.broken),
         _bill_case("the chapter's defaults at 40 requests/s", workload=_BUSY),
         _bill_case(f"the 70B class at 40 requests/s, ${_QUOTE:.2f} a chip-hour", workload=_BUSY, tier="large",
                    price_per_chip_hour=_QUOTE),
