@@ -121,3 +121,25 @@ def test_cost_properties(conv, reply, share, price):
     longer = cost.chat_cost(conversation_tokens=conv, reply_tokens=reply + 100, cached_share=share,
                             price_per_chip_hour=price)
     assert longer.decode_chip_s > c.decode_chip_s
+
+
+def test_prefix_readout_hit_versus_edit():
+    r = cost.prefix_readout("small", preamble_tokens=2000, question_tokens=50)
+    assert r.cached_ttft_s < r.edited_ttft_s and r.speedup > 20
+    # a hit prefills only the question (with attention over the cached preamble)
+    assert r.cached_ttft_s > 0
+    assert r.chip_s_saved == pytest.approx(r.edited_ttft_s - r.cached_ttft_s)
+    assert r.usd_saved_per_million_requests == pytest.approx(r.chip_s_saved * 3.99 / 3600 * 1e6)
+    assert r.preamble_kv_bytes == 2000 * 131_072
+    big = cost.prefix_readout("large", 2000, 50)
+    assert big.num_chips == 2 and big.edited_ttft_s > r.edited_ttft_s
+    with pytest.raises(ValueError):
+        cost.prefix_readout(preamble_tokens=0)
+    with pytest.raises(ValueError):
+        cost.prefix_readout(efficiency=1.5)
+
+
+def test_prompt_cache_terms_are_sourced():
+    for provider, terms in cost.PROMPT_CACHE_TERMS.items():
+        assert terms["source"].count("http") == 1, provider
+        assert 0 < terms["read_price_share"] < 1 and terms["ttl_minutes"] > 0

@@ -52,3 +52,49 @@ def test_memory_grants_fewer_seats_than_asked():
 def test_bad_input_raises_a_clear_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_lab_presets_a_famous_failure_and_two_fixes():
+    failure = kc.kv_calculator(**kc.preset("failure: 70B class at 32,000 tokens"))
+    fp8 = kc.kv_calculator(**kc.preset("fix 1: the same with an fp8 cache"))
+    cards = kc.kv_calculator(**kc.preset("fix 2: the same on four cards"))
+    assert (failure.seats_granted, failure.requested) == (1, 16)
+    assert failure.seats_granted < fp8.seats_granted < 16 == cards.seats_granted
+    assert cards.num_chips == 4 and cards.memory_bytes == 4 * 80e9
+    with pytest.raises(ValueError, match="unknown preset"):
+        kc.preset("nope")
+    with pytest.raises(ValueError, match="unknown knob"):
+        kc.lab_settings(cards=3)
+    with pytest.raises(ValueError, match="num_chips"):
+        kc.kv_calculator(num_chips=0)
+
+
+def test_binding_constraint_and_ledger_lines_say_what_the_numbers_say():
+    ok = kc.kv_calculator()
+    assert kc.binding_constraint(ok).startswith("Memory does not bind: all 16 requests")
+    bad = kc.kv_calculator("large", seq_len=32_000)
+    sentence = kc.binding_constraint(bad)
+    assert "holds 1 seat of 32,000 tokens" in sentence and "15 of 16 requests wait" in sentence
+    lines = kc.ledger_lines(bad)
+    assert lines[0].startswith("Weights: 140.0 GB of the 160 GB on 2 cards") and "1 seat of" in lines[1]
+    total = bad.weights_bytes + bad.room_bytes + (bad.memory_bytes - bad.weights_bytes - bad.room_bytes)
+    assert total == pytest.approx(bad.memory_bytes)
+
+
+def test_deltas_against_the_defaults_and_what_mattered():
+    base = kc.kv_calculator()
+    same = dict((label, change) for label, _, change in kc.readout_deltas(base, base))
+    assert set(same.values()) == {"same"}
+    fp8 = dict((label, change) for label, _, change in
+               kc.readout_deltas(kc.kv_calculator(cache_dtype="fp8"), base))
+    assert fp8["bytes per token"] == "0.50x" and fp8["seats granted"] == "same"
+    rows = kc.what_mattered({"tier": "large", "seq_len": 32_000, "concurrent": 17})
+    verdicts = {knob: verdict for knob, _, _, _, verdict in rows}
+    assert verdicts == {"tier": "mattered", "seq_len": "mattered", "concurrent": "noise"}
+    assert kc.what_mattered({}) == []
+
+
+def test_published_reservation_waste_is_the_vllm_papers_range():
+    lo, hi = kc.PUBLISHED_RESERVATION_WASTE
+    assert (round(lo, 3), round(hi, 3)) == (0.618, 0.796)
+    assert "arxiv.org/abs/2309.06180" in kc.PUBLISHED_RESERVATION_WASTE_SOURCE

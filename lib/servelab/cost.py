@@ -28,6 +28,7 @@ from servelab.specs import ModelConfig, get_model
 __all__ = [
     "CHIP_HOURLY_USD", "PRICE_SOURCES", "PROMPT_CACHE_TERMS", "DEFAULT_BATCH", "ChatCost", "chat_cost",
     "SENSITIVITY_RANGES", "Sensitivity", "sensitivity", "plot_sensitivity",
+    "PrefixReadout", "prefix_readout",
 ]
 
 #: On-demand rental price per chip-hour in US dollars, from a public price list.
@@ -282,3 +283,73 @@ def plot_sensitivity(results: Iterable[Sensitivity], ax=None, title: str | None 
     ax.set_xlabel("chip cost per chat (US$, log scale)")
     ax.set_title(title or "What moves the cost of a chat")
     return ax
+
+
+# ---------------------------------------------------------------------------
+# A shared preamble, cached or edited (the prefix lab of chapter 13)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefixReadout:
+    """First-token time and chip cost of one request, its preamble cached or not."""
+
+    tier: str
+    num_chips: int
+    preamble_tokens: int
+    question_tokens: int
+    cached_ttft_s: float          # prefill of the question only (queue not counted)
+    edited_ttft_s: float          # one edited token at the start: the whole prompt again
+    preamble_kv_bytes: float      # what keeping the preamble costs in KV memory
+    room_bytes: float             # the calculator's KV room for this tier
+    price_per_chip_hour: float
+
+    @property
+    def speedup(self) -> float:
+        return self.edited_ttft_s / self.cached_ttft_s
+
+    @property
+    def chip_s_saved(self) -> float:
+        """Chip-seconds a hit saves per request (every card of the replica works on the prefill)."""
+        return (self.edited_ttft_s - self.cached_ttft_s) * self.num_chips
+
+    @property
+    def usd_saved_per_million_requests(self) -> float:
+        return self.chip_s_saved * self.price_per_chip_hour / 3600.0 * 1e6
+
+    @property
+    def preamble_share_of_room(self) -> float:
+        return self.preamble_kv_bytes / self.room_bytes
+
+
+def prefix_readout(tier: str = "small", preamble_tokens: int = 2000, question_tokens: int = 50,
+                   cache_dtype: str = "bf16", efficiency: float | None = None,
+                   num_chips: int | None = None, price_per_chip_hour: float | None = None) -> PrefixReadout:
+    """A request with a shared preamble on the KV calculator's replica, hit or miss.
+
+    Prefill runs at ``efficiency`` (default: the running example's compute
+    efficiency) of the cards' bf16 peak, attention work included
+    (:func:`servelab.arith.prefill_ops` with the tier's config). A hit skips
+    the preamble; an edit at its start misses every block, so the whole prompt
+    is prefilled. Priced at the tier's chip on-demand rate.
+    """
+    from servelab import kvcache
+
+    _check_count("preamble_tokens", preamble_tokens)
+    _check_count("question_tokens", question_tokens)
+    readout = kvcache.kv_calculator(tier, cache_dtype, seq_len=preamble_tokens + question_tokens,
+                                    concurrent=1, num_chips=num_chips)
+    t = kvcache.get_tier(tier)
+    chips = readout.num_chips
+    eff = EXAMPLE_REPLICA.compute_efficiency if efficiency is None else efficiency
+    if not 0 < eff <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {eff!r}")
+    rate = chips * t.chip.peak_flops("bf16") * eff
+    total = preamble_tokens + question_tokens
+    cached = prefill_ops(t.num_params, total, t.config, cached_tokens=preamble_tokens) / rate
+    edited = prefill_ops(t.num_params, total, t.config) / rate
+    price = CHIP_HOURLY_USD[t.chip.name] if price_per_chip_hour is None else price_per_chip_hour
+    return PrefixReadout(tier=t.label, num_chips=chips, preamble_tokens=preamble_tokens,
+                         question_tokens=question_tokens, cached_ttft_s=cached, edited_ttft_s=edited,
+                         preamble_kv_bytes=preamble_tokens * readout.bytes_per_token,
+                         room_bytes=readout.room_bytes, price_per_chip_hour=price)
+

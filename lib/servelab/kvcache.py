@@ -82,7 +82,7 @@ def kv_room_bytes(memory_bytes: float, weights: float, margin: float = DEFAULT_M
     """Memory left for KV cache after the weights, keeping a safety margin.
 
     ``(memory - weights) x (1 - margin)``; the margin applies to what is left,
-    which is how the seed lab gets 60.8 GB from an 80 GB card and 16 GB of weights.
+    which is how the KV calculator gets 60.8 GB from an 80 GB card and 16 GB of weights.
     Raises if the weights alone do not fit.
     """
     _check_positive("memory_bytes", memory_bytes)
@@ -147,7 +147,7 @@ class ModelTier:
         return weights_bytes(self.num_params, "bf16")
 
 
-#: The two tiers of the seed's labs: an 8B-class model on one 80 GB card and a
+#: The two tiers of the course's labs: an 8B-class model on one 80 GB card and a
 #: 70B-class model split over two. Parameter counts are the headline sizes.
 TIERS: dict[str, ModelTier] = {
     "small": ModelTier("8B class", get_model("Llama-3-8B"), 8e9, 1, get_chip("H100 SXM")),
@@ -203,14 +203,20 @@ class KVReadout:
 
 
 def kv_calculator(tier: str | ModelTier = "small", cache_dtype: str = "bf16", seq_len: int = 4000,
-                  concurrent: int = 16, margin: float = DEFAULT_MARGIN) -> KVReadout:
+                  concurrent: int = 16, margin: float = DEFAULT_MARGIN,
+                  num_chips: int | None = None) -> KVReadout:
     """The KV cache calculator: model tier, cache dtype, length, asked-for seats -> readouts.
 
-    With the defaults it reproduces the seed lab: 131,072 B/token, 60.8 GB of
+    With the defaults it reproduces the course's reference lab: 131,072 B/token, 60.8 GB of
     room, 115 seats at 4,000 tokens, 464k tokens at most, 122k to outweigh the
-    weights and a cache that is 52% of the weights at 16 seats.
+    weights and a cache that is 52% of the weights at 16 seats. ``num_chips``
+    overrides the tier's card count (the weights are split evenly over them).
     """
     t = get_tier(tier)
+    if num_chips is not None:
+        if isinstance(num_chips, bool) or not isinstance(num_chips, int) or num_chips < 1:
+            raise ValueError(f"num_chips must be a positive whole number of cards, got {num_chips!r}")
+        t = ModelTier(t.label, t.config, t.num_params, num_chips, t.chip)
     _check_length(seq_len)
     if not isinstance(concurrent, int) or concurrent < 0:
         raise ValueError(f"concurrent must be a non-negative integer, got {concurrent!r}")
@@ -236,3 +242,115 @@ def kv_calculator(tier: str | ModelTier = "small", cache_dtype: str = "bf16", se
 def _check_length(seq_len: int) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"sequence length must be a positive whole number of tokens, got {seq_len!r}")
+
+
+# ---------------------------------------------------------------------------
+# What the lab says about a setting (pure functions the widget only shows)
+# ---------------------------------------------------------------------------
+
+#: The calculator lab's starting knobs.
+LAB_DEFAULTS: dict[str, object] = {"tier": "small", "cache_dtype": "bf16", "seq_len": 4000,
+                                   "concurrent": 16, "num_chips": None}
+
+#: "Load a famous failure, then fix it": knob settings (changes from the defaults).
+KV_PRESETS: dict[str, dict[str, object]] = {
+    "defaults: 8B class, 16 requests of 4,000 tokens": {},
+    "failure: 70B class at 32,000 tokens": {"tier": "large", "seq_len": 32_000},
+    "fix 1: the same with an fp8 cache": {"tier": "large", "seq_len": 32_000, "cache_dtype": "fp8"},
+    "fix 2: the same on four cards": {"tier": "large", "seq_len": 32_000, "num_chips": 4},
+}
+
+
+def lab_settings(**changes: object) -> dict[str, object]:
+    """The lab's defaults with ``changes`` applied (unknown knobs raise)."""
+    unknown = set(changes) - set(LAB_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown knob(s) {sorted(unknown)}; the knobs are {sorted(LAB_DEFAULTS)}")
+    return {**LAB_DEFAULTS, **changes}
+
+
+def preset(name: str) -> dict[str, object]:
+    """The full knob settings of a named preset."""
+    try:
+        return lab_settings(**KV_PRESETS[name])
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {list(KV_PRESETS)}") from None
+
+
+def binding_constraint(r: KVReadout) -> str:
+    """One sentence: does memory bind, and what would it take to seat everyone?"""
+    if r.waiting == 0:
+        spare = r.seats_fit - r.requested
+        return (f"Memory does not bind: all {r.requested} requests are seated, with room for {spare:,} more "
+                f"of {r.seq_len:,} tokens; the next limit is each step's reads (bandwidth).")
+    need = r.requested * r.seat_bytes
+    seats = f"{r.seats_fit} seat{'s' * (r.seats_fit != 1)}"
+    return (f"Memory binds: {r.room_bytes / GB:.1f} GB of room holds {seats} of "
+            f"{r.seq_len:,} tokens ({r.seat_bytes / GB:.2f} GB each), so {r.waiting} of {r.requested} "
+            f"requests wait. Seating all of them needs {need / GB:.1f} GB of room, "
+            f"{need / r.room_bytes:.1f}x what is there: fewer bytes per token, shorter contexts or more cards.")
+
+
+def ledger_lines(r: KVReadout) -> list[str]:
+    """The memory ledger as sentences, one per slice."""
+    margin = r.memory_bytes - r.weights_bytes - r.room_bytes
+    free = r.room_bytes - r.cache_in_use_bytes
+    cards = f"{r.num_chips} card{'s' * (r.num_chips > 1)}"
+    seats = f"{r.seats_granted} seat{'s' * (r.seats_granted != 1)}"
+    lines = [f"Weights: {r.weights_bytes / GB:.1f} GB of the {r.memory_bytes / GB:.0f} GB on {cards} "
+             f"({r.weights_bytes / r.memory_bytes:.0%}), paid before any seat exists.",
+             f"KV cache in use: {r.cache_in_use_bytes / GB:.1f} GB for {seats} of "
+             f"{r.seq_len:,} tokens.",
+             f"Free KV room: {free / GB:.1f} GB, {free / r.seat_bytes:.1f} more seats of this length.",
+             f"Safety margin: {margin / GB:.1f} GB kept back for activations and allocator slack."]
+    return lines
+
+
+_DELTA_FIELDS = (("bytes per token", "bytes_per_token", "{:,.0f} B"),
+                 ("one seat", "seat_bytes", "{:.2f} GB"),
+                 ("KV room", "room_bytes", "{:.1f} GB"),
+                 ("seats that fit", "seats_fit", "{:,}"),
+                 ("seats granted", "seats_granted", "{:,}"))
+
+
+def readout_deltas(r: KVReadout, base: KVReadout) -> list[tuple[str, str, str]]:
+    """(label, value, change against ``base``) for the lab's "vs defaults" column."""
+    out = []
+    for label, field, fmt in _DELTA_FIELDS:
+        value, was = getattr(r, field), getattr(base, field)
+        shown = fmt.format(value / GB if fmt.endswith("GB") else value)
+        if value == was:
+            change = "same"
+        elif was:
+            change = f"{value / was:.2f}x" if value > 0 else "none left"
+        else:
+            change = "new"
+        out.append((label, shown, change))
+    return out
+
+
+def what_mattered(settings: dict[str, object], base: dict[str, object] | None = None,
+                  threshold: float = 0.1) -> list[tuple[str, object, object, int, str]]:
+    """Which knob changes moved the seats: each changed knob alone, from ``base``.
+
+    Returns ``(knob, from, to, seats granted with only that change, verdict)``,
+    biggest effect first; a change "mattered" when it moved the seats granted by
+    at least ``threshold`` of the base (and at least one seat), else it was "noise".
+    """
+    base = lab_settings(**(base or {}))
+    settings = lab_settings(**settings)
+    start = kv_calculator(**base).seats_granted
+    rows = []
+    for knob, value in settings.items():
+        if value == base[knob]:
+            continue
+        try:
+            alone = kv_calculator(**{**base, knob: value}).seats_granted
+        except ValueError:          # e.g. the big model on a single card
+            alone = 0
+        moved = abs(alone - start)
+        verdict = "mattered" if moved >= max(1, threshold * max(start, 1)) else "noise"
+        rows.append((knob, base[knob], value, alone, verdict, moved))
+    rows.sort(key=lambda row: -row[5])
+    return [row[:5] for row in rows]
+
