@@ -56,7 +56,7 @@ Q1 = Question(
         Case(args=(_hf("Qwen2.5-7B"), 2), expected=_table(_hf("Qwen2.5-7B"), 2),
              label="Qwen2.5-7B config (152,064 x 3,584), bf16"),
         Case(args=(_hf("Example-200B"), 1), expected=_table(_hf("Example-200B"), 1),
-             label="the seed's 150,000 x 12,288 example, fp8"),
+             label="the 200B running example's 150,000 x 12,288 table, fp8"),
         Case(args=(_hf("Llama-3-8B"), 4), expected=_table(_hf("Llama-3-8B"), 4), label="Llama-3-8B config, fp32"),
         Case(args=(_hf("DeepSeek-V3"), 0.5), expected=_table(_hf("DeepSeek-V3"), 0.5),
              label="DeepSeek-V3 config, fp4 (half a byte)"),
