@@ -93,8 +93,3 @@ def test_deltas_against_the_defaults_and_what_mattered():
     assert verdicts == {"tier": "mattered", "seq_len": "mattered", "concurrent": "noise"}
     assert kc.what_mattered({}) == []
 
-
-def test_published_reservation_waste_is_the_vllm_papers_range():
-    lo, hi = kc.PUBLISHED_RESERVATION_WASTE
-    assert (round(lo, 3), round(hi, 3)) == (0.618, 0.796)
-    assert "arxiv.org/abs/2309.06180" in kc.PUBLISHED_RESERVATION_WASTE_SOURCE

@@ -16,16 +16,6 @@ from dataclasses import dataclass
 from servelab._checks import check_positive as _check_positive
 from servelab.specs import GB, Chip, ModelConfig, get_chip, get_model
 
-#: Share of reserved KV-cache memory that held no token state in serving systems
-#: that reserve each request's maximum length up front, as measured in the vLLM
-#: paper: only 20.4% to 38.2% of the KV memory stored actual tokens, i.e. about
-#: 60-80% was wasted. Source: W. Kwon et al., "Efficient Memory Management for
-#: Large Language Model Serving with PagedAttention", SOSP 2023, section 1 and
-#: figure 2 (https://arxiv.org/abs/2309.06180).
-PUBLISHED_RESERVATION_WASTE: tuple[float, float] = (1 - 0.382, 1 - 0.204)
-PUBLISHED_RESERVATION_WASTE_SOURCE = ("Kwon et al., PagedAttention (vLLM), SOSP 2023, "
-                                      "https://arxiv.org/abs/2309.06180, figure 2")
-
 #: Bytes each stored number takes, by format name.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4,
