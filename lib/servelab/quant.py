@@ -564,15 +564,27 @@ def quality_table(variants: Sequence[str] = QUALITY_VARIANTS, max_tokens: int = 
             model = quantize_model(load_course_model(model_name, dtype=torch.float32), variant)
             bits = bits_per_weight(variant, in_features=model.config.hidden_size)
             weight_bytes = linear_weight_bytes(model)["projections"]
+        proj_params = sum(_projection_sizes(model))
         ppl, logits = perplexity(model, tokens, seq_len, return_logits=True)
         if ref_logits is None:
             ref_ppl, ref_logits = ppl, logits
         agree = logit_agreement(ref_logits, logits)
         rows.append({"variant": variant, "bits_per_weight": round(bits, 3), "projection_bytes": weight_bytes,
+                     "held_bits_per_weight": round(weight_bytes * 8 / proj_params, 3),
                      "perplexity": ppl, "perplexity_change": ppl / ref_ppl - 1,
                      "top1_agreement": agree["top1_agreement"], "mean_kl": agree["mean_kl"],
                      "tokens": int((len(tokens) - 1) // seq_len * seq_len)})
     return rows
+
+
+def _projection_sizes(model: nn.Module) -> list[int]:
+    sizes = []
+    for layer in model.layers:
+        for path in PROJECTIONS:
+            parent_name, name = path.split(".")
+            lin = getattr(getattr(layer, parent_name), name)
+            sizes.append(lin.in_features * lin.out_features)
+    return sizes
 
 
 def outlier_demo(out_features: int = 256, in_features: int = 512, factor: float = 40.0, seed: int = 0,

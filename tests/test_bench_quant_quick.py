@@ -1,0 +1,37 @@
+"""Smoke run of benchmarks/bench_quant.py --quick into a temporary folder: the report and
+its JSON keys (chapter 19 reads them). No timing is asserted."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
+           RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+def test_quant_quick(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_quant.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "quant.json").read_text())
+    assert r["quick"] is True and "load_average_1min" in r["machine"]
+    assert set(r["formats"]) == {"fp32", "bf16", "int8", "int4-g128", "int4-g32"}
+    f = r["formats"]
+    assert f["int4-g128"]["bytes_read"] < f["int8"]["bytes_read"] < f["bf16"]["bytes_read"] < f["fp32"]["bytes_read"]
+    assert f["int8"]["kernel"] == "int8pack" and f["int4-g32"]["kernel"] == "int4pack"
+    assert {"fp32/int8", "bf16/int8", "bf16/int4-g32"} <= set(r["interleaved"]["speedup"])
+    assert [g["target"] for g in r["goals"]] == [2.5, 1.5]
+    assert all(s["last_flat_batch"] >= 1 for s in r["sweep"].values())
+    variants = [q["variant"] for q in r["quality"]]
+    assert variants == ["fp32", "bf16", "int8", "int4-g128", "int4-g32", "mxfp4", "nvfp4"]
+    assert r["quality"][0]["top1_agreement"] == 1.0
+    md = (tmp_path / "quant.md").read_text()
+    assert "## Goals" in md and "Load average" in md
+
+
+def test_quant_quick_refuses_to_overwrite_results():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_quant.py"), "--quick"],
+                          capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=60)
+    assert proc.returncode != 0 and "--out" in proc.stderr
