@@ -91,12 +91,14 @@ def _blocks(tokens: int, bs: int) -> int:
 
 
 def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = None, *,
-             prefilled=None, progress: bool | None = None, timeline_points: int = 2000):
+             prefilled=None, priority=None, progress: bool | None = None, timeline_points: int = 2000):
     """Run ``trace`` through one replica; returns a :class:`servelab.sim.metrics.SimResult`.
 
     ``prefilled``: optional boolean array; a prefilled request arrives with its
     prompt's K/V already made and its first token sampled (a disaggregated
     decode pool): it needs blocks but no prompt compute.
+    ``priority``: optional array, 0 = interactive, 1 = batch; a batch request
+    is admitted only when no interactive request is waiting (it fills the gaps).
     ``progress``: show a progress bar (default: for more than 200,000 requests).
     """
     from servelab.sim.metrics import SimResult
@@ -118,6 +120,9 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
     pre_filled = [False] * n if prefilled is None else [bool(x) for x in np.asarray(prefilled)]
     if len(pre_filled) != n:
         raise ValueError(f"prefilled has {len(pre_filled)} rows but the trace has {n}")
+    low = [False] * n if priority is None else [bool(x) for x in np.asarray(priority)]
+    if len(low) != n:
+        raise ValueError(f"priority has {len(low)} rows but the trace has {n}")
 
     longest = int(np.argmax(trace.prompt_tokens + trace.output_tokens))
     if _blocks(prompt[longest] + out_len[longest], bs) > cfg.num_kv_blocks:
@@ -173,7 +178,8 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
     t = 0.0
     D = 0                         # steps executed so far
     next_arr = 0
-    waiting: deque[int] = deque()
+    waiting: deque[int] = deque()     # interactive (or all) requests, first come first served
+    waiting_lo: deque[int] = deque()  # batch requests: admitted only when no interactive one waits
     prefilling: list[int] = []    # running, still computing prompt tokens, admission order
     running_order: list = []      # (stamp, i), lazily cleaned
     n_running = 0
@@ -296,7 +302,7 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
         computed[i] = 0
         preempts[i] += 1
         n_preempt += 1
-        waiting.appendleft(i)
+        (waiting_lo if low[i] else waiting).appendleft(i)
 
     def newest_running() -> int:
         while True:
@@ -318,14 +324,14 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
 
     while done < n:
         while next_arr < n and arrival[next_arr] <= t:
-            waiting.append(next_arr)
+            (waiting_lo if low[next_arr] else waiting).append(next_arr)
             next_arr += 1
-        if n_running == 0 and not waiting:
+        if n_running == 0 and not waiting and not waiting_lo:
             t = arrival[next_arr]
             continue
         if t >= tl_next:
             tl_t.append(t)
-            tl_wait.append(len(waiting))
+            tl_wait.append(len(waiting) + len(waiting_lo))
             tl_run.append(n_running)
             tl_used.append(st["used"])
             tl_next = t + tl_every
@@ -374,14 +380,15 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
 
         admitted_any = False
         if not preempted_now and (not static or n_running == 0):
-            while waiting and (budget > 0 or static) and n_running < seats:
-                i = waiting[0]
+            while (waiting or waiting_lo) and (budget > 0 or static) and n_running < seats:
+                queue = waiting if waiting else waiting_lo
+                i = queue[0]
                 if pre_filled[i] and gen[i] == 0:
                     need = _blocks(tokens[i] + 1, bs)
                     if need > total_blocks - st["used"]:
                         break
                     take_blocks(need)
-                    waiting.popleft()
+                    queue.popleft()
                     gen[i] = 1
                     tokens[i] += 1
                     computed[i] = tokens[i] - 1
@@ -442,7 +449,7 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                     if hit:
                         entry[0] += 1
                         shared[i] = hit
-                waiting.popleft()
+                queue.popleft()
                 is_running[i] = True
                 n_running += 1
                 stamp += 1
@@ -457,7 +464,7 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 admitted_any = True
 
         if not chunks and n_dec == 0:
-            if n_running == 0 and waiting:
+            if n_running == 0 and (waiting or waiting_lo):
                 raise RuntimeError("simulator bug: an empty replica could not admit the head of the queue")
             continue
 
@@ -471,7 +478,7 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 k_mem = 1 + bs * ((total_blocks - st["used"]) // R)
                 if k_mem < k:
                     k = k_mem
-            if (next_arr < n and not waiting and n_running < seats and not static and k > 1):
+            if (next_arr < n and not waiting and not waiting_lo and n_running < seats and not static and k > 1):
                 k = steps_to_reach(R, k_const + R * D, arrival[next_arr] - t, k)
             if k < 1:
                 k = 1
