@@ -135,6 +135,9 @@ Q4 = Question(
         _merge_case(23, 0, 5, label="an empty first block (-inf, 0, zeros)"),
         _merge_case(24, 5, 0, label="an empty second block"),
         _merge_case(25, 1, 1, d=8, label="one key each, the second holds the maximum, 8 dims"),
+        Case(args=((float("-inf"), 0.0, [0.0, 0.0, 0.0]), (float("-inf"), 0.0, [0.0, 0.0, 0.0])),
+             expected=(float("-inf"), 0.0, [0.0, 0.0, 0.0]), **TOL,
+             label="both parts empty (exp(-inf - -inf) is nan: skip empty parts)"),
     ],
 )
 

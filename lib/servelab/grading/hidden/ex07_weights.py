@@ -29,6 +29,8 @@ Q1 = Question(
         Case(args=(1700 * GB, 80 * GB), expected=_chips(1700 * GB, 80 * GB), label="1,700 GB on 80 GB (36 chips)"),
         Case(args=(3000 * GB, 80 * GB), expected=64, label="3,000 GB on 80 GB: 63 chips -> 64"),
         Case(args=(3100 * GB, 80 * GB), expected=72, label="3,100 GB on 80 GB: 65 chips -> 72"),
+        Case(args=(3072 * GB, 80 * GB), expected=64,
+             label="3,072 GB on 80 GB: exactly 64 chips' share (a ceiling, not int(x) + 1)"),
         Case(args=(200 * GB, 180 * GB), kwargs={"share": 0.9}, expected=8, label="share 0.9"),
         Case(args=(4000 * GB, 80 * GB), raises=ValueError, label="more than 72 chips"),
         Case(args=(0, 80 * GB), raises=ValueError, label="zero weights"),
