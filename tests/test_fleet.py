@@ -112,3 +112,25 @@ def test_diurnal_demand_and_capacity_for_the_peak():
     assert fleet.replicas_for_peak(r, per) == int(np.ceil(r.max() / per))
     with pytest.raises(ValueError, match="per_replica_rate"):
         fleet.replicas_for_peak(r, 0)
+
+
+def test_highway_surge_and_outage():
+    calm = fleet.highway(1.0, False)
+    assert calm.offered == calm.edge_hits + calm.blocked + calm.rejected + calm.admitted
+    surge = fleet.highway(2.0, False)
+    assert surge.rejected > 3 * calm.rejected  # the heavy accounts hit their limits first
+    down = fleet.highway(1.0, True)
+    assert down.replicas_up == calm.replicas_up - 1 and down.ttft_p95_s > calm.ttft_p95_s
+    assert len(calm.minute_p95_s) == 5 and "admitted" in calm.line()
+    with pytest.raises(ValueError, match="surge"):
+        fleet.highway(0)
+
+
+def test_highway_lab_reacts_to_its_dial():
+    pytest.importorskip("ipywidgets")
+    from servelab.widgets.highway_lab import highway_lab
+    lab = highway_lab(minutes=2.0)
+    dial, switch = lab.children[1].children
+    before = lab.children[2].value
+    switch.value = True
+    assert lab.children[2].value != before and "1 replica(s) up" in lab.children[2].value

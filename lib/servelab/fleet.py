@@ -34,7 +34,7 @@ from servelab.sim.pools import merge_results
 
 __all__ = ["TokenBucket", "RateLimiter", "Decision", "ROUTERS", "route", "serve", "FleetResult", "shed",
            "canary", "CanaryResult", "diurnal_rates", "arrivals_from_rates", "max_rate_for_slo",
-           "replicas_for_peak", "BATCH_DISCOUNT"]
+           "replicas_for_peak", "BATCH_DISCOUNT", "highway", "HighwayReadout", "HIGHWAY_DEFAULTS"]
 
 #: Batch (asynchronous, 24-hour) traffic is commonly sold at half the interactive price
 #: (OpenAI's and Anthropic's batch APIs both list a 50% discount).
@@ -357,3 +357,76 @@ def replicas_for_peak(rates: np.ndarray, per_replica_rate: float, headroom: floa
     if not per_replica_rate > 0:
         raise ValueError(f"per_replica_rate must be positive, got {per_replica_rate!r}")
     return int(math.ceil(float(np.max(rates)) * headroom / per_replica_rate))
+
+
+# ---------------------------------------------------------------------------
+# The request highway: edge cache -> guardrails -> rate limiter -> pool
+# ---------------------------------------------------------------------------
+
+@dataclass
+class HighwayReadout:
+    offered: int          # requests that arrived
+    edge_hits: int        # answered from the edge cache (no model call)
+    blocked: int          # stopped by the guardrails
+    rejected: int         # 429: over an account's rate limit
+    admitted: int         # reached the pool
+    ttft_p95_s: float     # of admitted requests, queueing included
+    max_queue: int        # most requests waiting at once in one replica
+    replicas_up: int
+    minute_p95_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # TTFT p95 per minute
+    minute_admitted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def line(self) -> str:
+        return (f"offered {self.offered:,}: edge cache {self.edge_hits:,}, blocked {self.blocked:,}, "
+                f"rate-limited {self.rejected:,}, admitted {self.admitted:,}; TTFT p95 "
+                f"{self.ttft_p95_s * 1e3:,.0f} ms; longest queue {self.max_queue}")
+
+
+HIGHWAY_DEFAULTS = dict(base_rate=12.0, minutes=5.0, replicas=2, accounts=40, edge_hit_rate=0.1,
+                        guardrail_block_rate=0.02, guardrail_s=0.03, requests_per_minute=120,
+                        tokens_per_minute=240_000)
+
+
+def highway(surge: float = 1.0, outage: bool = False, *, base_rate: float = 12.0, minutes: float = 5.0,
+            replicas: int = 2, accounts: int = 40, edge_hit_rate: float = 0.1,
+            guardrail_block_rate: float = 0.02, guardrail_s: float = 0.03, requests_per_minute: float = 120,
+            tokens_per_minute: float = 240_000, seed: int = 0) -> HighwayReadout:
+    """One pass of traffic down the highway; ``surge`` multiplies the arrivals, ``outage``
+    takes one replica down. Accounts are skewed (a few send most traffic), so a surge
+    trips their limits first. TTFT counts the guardrail check before the pool."""
+    if not surge > 0:
+        raise ValueError(f"surge must be positive, got {surge!r}")
+    if replicas < 1 or (outage and replicas < 2):
+        raise ValueError("need at least one replica up: with outage=True give replicas >= 2")
+    from servelab.sim import Exponential, LogNormal, synthetic
+    rng = np.random.default_rng(seed)
+    n = max(int(base_rate * surge * minutes * 60), 1)
+    tr = synthetic(n, base_rate * surge, prompt=LogNormal(800, 0.6, 16, 6000), output=Exponential(200, 1200),
+                   seed=seed)
+    weights = 1.0 / np.arange(1, accounts + 1) ** 1.1
+    acct = rng.choice(accounts, size=n, p=weights / weights.sum())
+    edge = rng.random(n) < edge_hit_rate
+    blocked = ~edge & (rng.random(n) < guardrail_block_rate)
+    lim = RateLimiter(requests_per_minute, tokens_per_minute)
+    passed = ~edge & ~blocked
+    ok = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(passed):
+        ok[i] = lim.admit(str(acct[i]), float(tr.arrival_s[i]), int(tr.prompt_tokens[i] + tr.output_tokens[i])).ok
+    idx = np.flatnonzero(ok)
+    up = replicas - (1 if outage else 0)
+    cfg = ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=8192, num_kv_blocks=29_000)
+    from servelab.pool import pool_step_model
+    shifted = Trace(tr.arrival_s[idx] + guardrail_s, tr.prompt_tokens[idx], tr.output_tokens[idx])
+    res = serve(shifted, pool_step_model("small"), cfg, replicas=up)
+    ttft = res.result.ttft + guardrail_s
+    minute = (tr.arrival_s[idx] // 60).astype(int)
+    m_count = int(np.ceil(minutes))
+    p95_m = np.array([np.percentile(ttft[minute == k], 95) if np.any(minute == k) else np.nan
+                      for k in range(m_count)])
+    adm_m = np.bincount(minute, minlength=m_count)[:m_count]
+    return HighwayReadout(offered=n, edge_hits=int(edge.sum()), blocked=int(blocked.sum()),
+                          rejected=int(passed.sum() - ok.sum()), admitted=len(idx),
+                          ttft_p95_s=float(np.percentile(ttft, 95)) if len(idx) else float("nan"),
+                          max_queue=int(max(r.timeline_waiting.max() if len(r.timeline_waiting) else 0
+                                            for r in res.per_replica)),
+                          replicas_up=up, minute_p95_s=p95_m, minute_admitted=adm_m)
