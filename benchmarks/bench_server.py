@@ -1,0 +1,301 @@
+"""Server benchmark: what HTTP streaming costs on top of the engine, and latency against load.
+
+    .venv/bin/python benchmarks/bench_server.py                # full run (~2-3 min)
+    .venv/bin/python benchmarks/bench_server.py --quick --out D  # smoke run (seconds), into folder D
+
+Writes server.md, server.json and server.png into benchmarks/results/ (or ``--out``).
+
+The server runs as its own process (``python -m servelab.server``, as
+deployed); the load generator (``servelab.loadgen``) and the offline
+reference (``LLM.generate``) run in this process. Model: the committed
+``servelab-main`` checkpoint, fp32, one torch thread on each side. Prompts are
+random token ids (no prefix-cache hits) and ``ignore_eos`` makes every reply
+exactly ``output`` tokens, so both sides do the same work.
+
+1. **Throughput at 64 concurrent streams**: the same requests through the
+   server (64 clients in a closed loop) and through ``LLM.generate`` with 64
+   seats, in interleaved pairs; the goal is server >= 0.85 x offline.
+2. **TTFT overhead at low load**: one request at a time, one-token replies;
+   the client's time to first token through the server minus the engine's own
+   (``add_request`` to first token, in this process), interleaved; the goal is
+   <= 5 ms.
+3. **Latency against request rate**: Poisson arrivals at fractions of the
+   measured saturation rate; TTFT, TPOT and E2E percentiles and the achieved
+   throughput at each. The *knee* is the last rate whose median TTFT stays
+   within 3x the lowest rate's (past it, requests queue).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
+
+FULL = dict(requests=128, concurrency=64, input="uniform:16:64", output=32, pairs=3, ttft_reps=15,
+            prompt_len=32, rates=(0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5), rate_requests=64)
+QUICK = dict(requests=16, concurrency=8, input="uniform:4:16", output=4, pairs=1, ttft_reps=3,
+             prompt_len=8, rates=(0.5, 1.0), rate_requests=8)
+GOAL_THROUGHPUT_RATIO = 0.85
+GOAL_TTFT_OVERHEAD_MS = 5.0
+KNEE_FACTOR = 3.0
+
+
+def machine() -> dict:
+    from servelab.machine import describe
+    return describe(("torch", "numpy", "fastapi", "uvicorn", "httpx"), threads=1)
+
+
+def offline_run(llm, reqs, output: int) -> dict:
+    from servelab.sampling import SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=output, ignore_eos=True)
+    llm.engine.scheduler.kv.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outs = llm.generate([r.prompt for r in reqs], sp)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    assert tokens == output * len(reqs), "every request must produce its full length"
+    return {"seconds": dt, "output_tokens": tokens, "output_throughput": tokens / dt}
+
+
+def server_run(url, reqs, concurrency: int, rate=float("inf")) -> dict:
+    from servelab import loadgen
+    s = asyncio.run(loadgen.run_load(url, reqs, model="servelab-main", rate=rate,
+                                     max_concurrency=concurrency, progress=False, timeout_s=300))
+    if s["failed"]:
+        bad = [r["error"] for r in s["requests"] if r["error"]][:3]
+        raise RuntimeError(f"{s['failed']} requests failed: {bad}")
+    return s
+
+
+def engine_ttft(llm, prompt_ids) -> float:
+    from servelab.sampling import SamplingParams
+    eng = llm.engine
+    rid = f"ttft-{time.perf_counter_ns()}"
+    t0 = time.perf_counter()
+    eng.add_request(rid, prompt_ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    while True:
+        for out in eng.step():
+            if out.request_id == rid and out.token_ids:
+                t1 = time.perf_counter()
+                while eng.has_unfinished_requests():
+                    eng.step()
+                return t1 - t0
+
+
+def server_ttft(client, prompt_ids) -> tuple[float, dict]:
+    """Client-side TTFT, and where it went (the server's own timestamps; the monotonic
+    clock is shared by the processes of one machine)."""
+    from servelab.loadgen import SSEDecoder
+    body = {"model": "servelab-main", "prompt": prompt_ids, "max_tokens": 1, "temperature": 0,
+            "ignore_eos": True, "stream": True, "return_timings": True}
+    dec = SSEDecoder()
+    t0 = time.perf_counter()
+    first, timings = None, None
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        for raw in r.iter_raw():
+            now = time.perf_counter()
+            for data in dec.feed(raw):
+                if data == "[DONE]":
+                    continue
+                ev = json.loads(data)
+                if first is None and ev["choices"]:
+                    first = now
+                timings = ev.get("servelab_timings", timings)
+    assert first is not None and timings is not None
+    t = timings
+    split = {"client_to_server": t["received"] - t0, "http_and_tokenize": t["submitted"] - t["received"],
+             "engine_queue": t["first_scheduled"] - t["submitted"],
+             "engine_prefill": t["first_token"] - t["first_scheduled"],
+             "token_to_client": first - t["first_token"]}
+    return first - t0, split
+
+
+def summarize_load(s: dict) -> dict:
+    def pick(name):
+        return {k: s[name][k] for k in ("p50", "p90", "p99", "mean")}
+    return {"request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
+            "ttft_s": pick("ttft_s"), "tpot_s": pick("tpot_s"), "itl_s": pick("itl_s"), "e2e_s": pick("e2e_s"),
+            "duration_s": s["duration_s"], "completed": s["completed"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    P = QUICK if a.quick else FULL
+    a.out.mkdir(parents=True, exist_ok=True)
+    import httpx
+
+    from servelab import loadgen
+    from servelab.engine import LLM
+    from servelab.server import launch
+
+    result = {"quick": a.quick, "machine": machine(), "params": {k: list(v) if isinstance(v, tuple) else v
+                                                                 for k, v in P.items()},
+              "goals": {"throughput_ratio": GOAL_THROUGHPUT_RATIO, "ttft_overhead_ms": GOAL_TTFT_OVERHEAD_MS}}
+    t_start = time.perf_counter()
+    llm = LLM(MODEL_DIR, max_num_seqs=P["concurrency"])
+    server = launch(MODEL_DIR, args=["--max-num-seqs", P["concurrency"], "--max-queued-requests", 100_000])
+    try:
+        reqs = loadgen.synthetic_requests(P["requests"], P["input"], f"fixed:{P['output']}", seed=0)
+        # warm both sides up (first-call costs, allocator growth)
+        offline_run(llm, reqs[:P["concurrency"] // 2 or 1], P["output"])
+        server_run(server.url, reqs[:P["concurrency"] // 2 or 1], P["concurrency"])
+
+        # 1. throughput, interleaved pairs (fresh prompts per pair: no prefix hits on either side)
+        pairs = []
+        for k in range(P["pairs"]):
+            batch = loadgen.synthetic_requests(P["requests"], P["input"], f"fixed:{P['output']}", seed=100 + k)
+            off = offline_run(llm, batch, P["output"])
+            srv = server_run(server.url, batch, P["concurrency"])
+            pairs.append({"offline_tok_s": off["output_throughput"], "server_tok_s": srv["output_throughput"],
+                          "ratio": srv["output_throughput"] / off["output_throughput"],
+                          "server_ttft_p50_s": srv["ttft_s"]["p50"], "server_tpot_p50_s": srv["tpot_s"]["p50"]})
+        ratios = [p["ratio"] for p in pairs]
+        result["throughput"] = {"pairs": pairs, "ratio_median": statistics.median(ratios),
+                                "offline_tok_s_median": statistics.median(p["offline_tok_s"] for p in pairs),
+                                "server_tok_s_median": statistics.median(p["server_tok_s"] for p in pairs),
+                                "concurrency": P["concurrency"], "requests": P["requests"], "output": P["output"]}
+
+        # 2. TTFT at low load: engine alone vs through HTTP, interleaved, fresh prompts
+        prompts = [r.prompt for r in loadgen.synthetic_requests(P["ttft_reps"], f"fixed:{P['prompt_len']}",
+                                                                "fixed:1", seed=7)]
+        eng_s, srv_s, splits = [], [], []
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            server_ttft(client, prompts[0][::-1])  # open the connection
+            for p in prompts:
+                eng_s.append(engine_ttft(llm, p))
+                ttft, split = server_ttft(client, p)
+                srv_s.append(ttft)
+                splits.append(split)
+        diffs = [b - a for a, b in zip(eng_s, srv_s)]
+        result["ttft_low_load"] = {"engine_ms_median": statistics.median(eng_s) * 1e3,
+                                   "server_ms_median": statistics.median(srv_s) * 1e3,
+                                   "overhead_ms_median": statistics.median(diffs) * 1e3,
+                                   "overhead_ms_each": [d * 1e3 for d in diffs], "prompt_len": P["prompt_len"],
+                                   "server_split_ms_median": {k: statistics.median(x[k] for x in splits) * 1e3
+                                                              for k in splits[0]}}
+
+        # 3. latency against offered rate (open loop: Poisson arrivals, no client cap)
+        sat_rps = result["throughput"]["server_tok_s_median"] / P["output"]
+        sweep = []
+        for i, frac in enumerate(P["rates"]):
+            rate = frac * sat_rps
+            batch = loadgen.synthetic_requests(P["rate_requests"], P["input"], f"fixed:{P['output']}",
+                                               seed=1000 + i)
+            s = asyncio.run(loadgen.run_load(server.url, batch, model="servelab-main", rate=rate, seed=i,
+                                             progress=False, timeout_s=300))
+            if s["failed"]:
+                raise RuntimeError(f"rate {rate:.1f}/s: {s['failed']} requests failed")
+            sweep.append({"fraction_of_saturation": frac, "offered_rps": rate, **summarize_load(s)})
+        base = sweep[0]["ttft_s"]["p50"]
+        knee = None
+        for row in sweep:
+            if row["ttft_s"]["p50"] <= KNEE_FACTOR * base:
+                knee = row
+        result["rate_sweep"] = {"saturation_rps_estimate": sat_rps, "rows": sweep, "knee_factor": KNEE_FACTOR,
+                                "knee_offered_rps": knee["offered_rps"] if knee else None,
+                                "knee_fraction": knee["fraction_of_saturation"] if knee else None}
+    finally:
+        code = server.stop()
+    result["server_exit_code"] = code
+    result["run_seconds"] = time.perf_counter() - t_start
+    result["machine"]["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+    t, tt = result["throughput"], result["ttft_low_load"]
+    result["verdicts"] = {"throughput_ratio_met": t["ratio_median"] >= GOAL_THROUGHPUT_RATIO,
+                          "ttft_overhead_met": tt["overhead_ms_median"] <= GOAL_TTFT_OVERHEAD_MS}
+
+    (a.out / "server.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_md(result, a.out / "server.md")
+    plot(result, a.out / "server.png")
+    print((a.out / "server.md").read_text())
+    return 0
+
+
+def write_md(r: dict, path: Path) -> None:
+    m, t, tt, sw = r["machine"], r["throughput"], r["ttft_low_load"], r["rate_sweep"]
+    ok = {True: "met", False: "MISSED"}
+    lines = [
+        "# Server benchmark (`benchmarks/bench_server.py`)" + (" — QUICK smoke run" if r["quick"] else ""), "",
+        f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} "
+        f"at start and {m['load_average_1min_end']} at the end; torch {m['torch']}, fastapi {m['fastapi']}, "
+        f"uvicorn {m['uvicorn']}, httpx {m['httpx']}, Python {m['python']}; one torch thread per process; "
+        f"{m['date']}. Run time {r['run_seconds']:.0f} s. Model `servelab-main` (fp32). The server is its own "
+        "process; the load generator and the offline reference run in the benchmark's process, so both "
+        "sides share the machine's cores.", "",
+        f"## Throughput at {t['concurrency']} concurrent streams", "",
+        f"{t['requests']} requests, prompts {r['params']['input']} tokens, {t['output']} output tokens each "
+        "(`ignore_eos`), greedy. Offline = `LLM.generate` with the same seats. Interleaved pairs:", "",
+        "| pair | offline tok/s | server tok/s | server / offline |", "|---|---|---|---|"]
+    for k, p in enumerate(t["pairs"], 1):
+        lines.append(f"| {k} | {p['offline_tok_s']:,.0f} | {p['server_tok_s']:,.0f} | {p['ratio']:.2f} |")
+    lines += ["", f"Median ratio **{t['ratio_median']:.2f}** (goal >= {r['goals']['throughput_ratio']}: "
+              f"{ok[r['verdicts']['throughput_ratio_met']]}).", "",
+              "## Time to first token at low load", "",
+              f"One request at a time, {tt['prompt_len']}-token prompts, one-token replies, "
+              f"{len(tt['overhead_ms_each'])} interleaved pairs. Engine alone (add_request -> first token): "
+              f"median {tt['engine_ms_median']:.2f} ms; through the server as the client sees it: median "
+              f"{tt['server_ms_median']:.2f} ms; the server adds **{tt['overhead_ms_median']:.2f} ms** "
+              f"(goal <= {r['goals']['ttft_overhead_ms']} ms: {ok[r['verdicts']['ttft_overhead_met']]}).", "",
+              "Where the server's TTFT went (medians, from the server's own timestamps): "
+              + ", ".join(f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in tt["server_split_ms_median"].items())
+              + ". Everything but the prefill is the HTTP path: two hand-offs between processes and two "
+              "between the server's threads, each a wake-up that waits for a free core when the "
+              "machine is busy.", "",
+              "## Latency against request rate (Poisson arrivals)", "",
+              f"Saturation estimate {sw['saturation_rps_estimate']:.1f} requests/s (the throughput above / "
+              "output length). Each row sends "
+              f"{r['params']['rate_requests']} fresh requests.", "",
+              "| offered req/s | x saturation | achieved req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
+              "| TPOT p50 ms | TPOT p99 ms | E2E p50 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in sw["rows"]:
+        lines.append(f"| {row['offered_rps']:.1f} | {row['fraction_of_saturation']:.2f} | "
+                     f"{row['request_throughput']:.1f} | {row['output_throughput']:,.0f} | "
+                     f"{row['ttft_s']['p50'] * 1e3:.1f} | {row['ttft_s']['p99'] * 1e3:.1f} | "
+                     f"{row['tpot_s']['p50'] * 1e3:.1f} | {row['tpot_s']['p99'] * 1e3:.1f} | "
+                     f"{row['e2e_s']['p50'] * 1e3:.0f} |")
+    knee = (f"{sw['knee_offered_rps']:.1f} requests/s ({sw['knee_fraction']:.2f} x the saturation estimate)"
+            if sw["knee_offered_rps"] is not None else "not reached")
+    lines += ["", f"Knee (last rate whose median TTFT stays within {sw['knee_factor']:.0f}x the lowest "
+              f"rate's): {knee}.", ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = r["rate_sweep"]["rows"]
+    x = [row["offered_rps"] for row in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a1.plot(x, [row["ttft_s"]["p50"] * 1e3 for row in rows], "o-", label="TTFT p50")
+    a1.plot(x, [row["ttft_s"]["p99"] * 1e3 for row in rows], "o--", label="TTFT p99")
+    a1.plot(x, [row["tpot_s"]["p50"] * 1e3 for row in rows], "s-", label="TPOT p50")
+    a1.set_xlabel("offered requests/s")
+    a1.set_ylabel("ms")
+    a1.set_yscale("log")
+    a1.legend()
+    a2.plot(x, [row["request_throughput"] for row in rows], "o-", label="achieved")
+    a2.plot(x, x, ":", color="gray", label="offered")
+    a2.set_xlabel("offered requests/s")
+    a2.set_ylabel("completed requests/s")
+    a2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
