@@ -8,7 +8,7 @@ A chat turn spends chip time in two ways:
 * **decode** writes the reply one token per step. A step is shared by
   everyone in the batch, so each output token costs ``step / batch`` of the
   whole replica. The batch is an assumed operating point (128 by default, as
-  in the seed guide), lowered when long conversations do not fit in memory.
+  in the 200B running example), lowered when long conversations do not fit in memory.
 
 Chip-seconds times the hourly rental price gives dollars. The calculator counts
 chip rental only; real list prices also pay for idle peak capacity, networks,
@@ -65,7 +65,7 @@ PROMPT_CACHE_TERMS: dict[str, dict[str, float | str]] = {
     },
 }
 
-#: The assumed number of people sharing a decode step (the seed's operating point).
+#: The assumed number of people sharing a decode step (the 200B running example's operating point).
 DEFAULT_BATCH = 128
 
 
