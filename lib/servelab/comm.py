@@ -22,6 +22,7 @@ they are the arithmetic of splitting, and need no torch.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -127,19 +128,19 @@ def get_link(name: str | Link) -> Link:
 # ---------------------------------------------------------------------------
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
 
 
 def _non_negative(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
         raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     return float(value)
 
