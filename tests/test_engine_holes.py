@@ -248,12 +248,30 @@ def test_truncate_rolls_back_tokens_and_blocks_and_unregisters_rolled_back_block
     registered_before = {b for b in seq.block_table.block_ids if b in kv.prefix_cache}
     sched.truncate(seq, 4)
     assert seq.num_tokens == 4 and n_before > 4
-    assert seq.num_computed_tokens == 4 and len(seq.block_table.block_ids) == 2
+    assert seq.num_computed_tokens == 3 and len(seq.block_table.block_ids) == 2  # the 4th runs again
     assert kv.allocator.num_used == 2
     dropped = registered_before - set(seq.block_table.block_ids)
     assert dropped and not any(b in kv.prefix_cache for b in dropped)
-    assert len(seq.block_table.keys) == 2
+    assert len(seq.block_table.keys) == 1  # only the one full block still computed
     with pytest.raises(ValueError, match="roll back"):
         sched.truncate(seq, 2)  # into the prompt
     # the sequence carries on from its rolled-back state: greedy, so the same tokens again
     assert eng.run_to_completion()["r"].token_ids == toy_greedy_generate([1, 2, 3], 8, VOCAB)
+
+
+# --------------------------------------------------------------------------- outputs
+
+def test_running_outputs_are_built_only_when_read_and_show_their_moment():
+    from servelab.engine.sequence import LazyRequestOutput
+    eng = make_engine()
+    eng.add_request("r", [1, 2, 3], greedy(5, logprobs=1))
+    per_step = []
+    while eng.has_unfinished_requests():
+        per_step += eng.step()
+    running, final = per_step[:-1], per_step[-1]
+    assert all(isinstance(o, LazyRequestOutput) and o._outputs is None for o in running)
+    assert not isinstance(final, LazyRequestOutput) and final.finished
+    for i, o in enumerate(running, start=1):  # read late: still what it held at its step
+        assert o.token_ids == final.token_ids[:i] and len(o.outputs[0].logprobs) == i
+        assert o.delta_token_ids == [final.token_ids[i - 1]] and not o.finished
+    assert o == o and "LazyRequestOutput" in repr(o)

@@ -253,11 +253,11 @@ def test_train_schedule_batches_and_presets():
 
 # ---------------------------------------------------------------- fused projections
 
-def _small(**overrides):
+def _small(seed=3, **overrides):
     kwargs = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     kwargs.update(overrides)
-    return LlamaModel(LlamaConfig(**kwargs)).init_weights(seed=3).eval()
+    return LlamaModel(LlamaConfig(**kwargs)).init_weights(seed=seed).eval()
 
 
 def _prefill_then_decode(model, ids):
@@ -322,17 +322,81 @@ def test_fused_model_still_trains_each_weight():
         assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
 
 
-def test_dtype_change_drops_a_stale_fusion():
+def _fused_is_current(model):
+    a, m = model.layers[0].self_attn, model.layers[0].mlp
+    return (a.fused_qkv.is_current((a.q_proj, a.k_proj, a.v_proj))
+            and m.fused_gate_up.is_current((m.gate_proj, m.up_proj)))
+
+
+def test_dtype_change_rebuilds_a_stale_fusion():
     model = _small().fuse_projections().to(torch.bfloat16)
     reference = _small().to(torch.bfloat16)
     ids = torch.tensor([[5, 6, 7]])
+    assert not _fused_is_current(model)       # .to() made new tensors ...
     with torch.inference_mode():
-        assert torch.equal(model(ids), reference(ids))  # the separate path, on the new tensors
-    attn = model.layers[0].self_attn
-    assert not attn.fused_qkv.is_current((attn.q_proj, attn.k_proj, attn.v_proj))
-    model.fuse_projections()
+        out = model(ids)
+    assert _fused_is_current(model)           # ... and the next call fused them again
+    assert model.layers[0].self_attn.fused_qkv.weight.dtype == torch.bfloat16
     with torch.inference_mode():
-        assert (model(ids).float() - reference(ids).float()).abs().max().item() < 0.05
+        assert (out.float() - reference(ids).float()).abs().max().item() < 0.05
+
+
+def test_load_state_dict_and_weight_swaps_never_use_stale_fused_weights():
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model, other = _small().fuse_projections(), _small(seed=9)
+    with torch.inference_mode():
+        expected = other(ids)
+    model.load_state_dict(other.state_dict())            # copies into the views: still current
+    assert _fused_is_current(model)
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), expected, atol=1e-5)
+    model = _small().fuse_projections()
+    model.load_state_dict(other.state_dict(), assign=True)  # new tensors: rebuilt at the next call
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), expected, atol=1e-5)
+    assert _fused_is_current(model)
+    model = _small().fuse_projections()
+    for layer, src in zip(model.layers, other.layers):      # a weight swap, one projection at a time
+        layer.self_attn.k_proj.weight = torch.nn.Parameter(src.self_attn.k_proj.weight.detach().clone())
+        layer.mlp.up_proj.weight = torch.nn.Parameter(src.mlp.up_proj.weight.detach().clone())
+    mixed = _small()
+    for layer, src in zip(mixed.layers, other.layers):
+        layer.self_attn.k_proj.weight.data.copy_(src.self_attn.k_proj.weight)
+        layer.mlp.up_proj.weight.data.copy_(src.mlp.up_proj.weight)
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), mixed(ids), atol=1e-5)
+
+
+class _Wrapped(torch.nn.Module):
+    """A stand-in for a quantized or tensor-parallel projection: not a plain nn.Linear."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.inner = linear
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_group_holding_a_non_linear_runs_one_by_one():
+    ids = torch.tensor([[5, 6, 7, 8]])
+    reference = _small()
+    with torch.inference_mode():
+        expected = reference(ids)
+    model = _small().fuse_projections()
+    for layer in model.layers:   # wrapped after fusing: the stale group must not be used
+        layer.self_attn.v_proj = _Wrapped(layer.self_attn.v_proj)
+        layer.self_attn.o_proj = _Wrapped(layer.self_attn.o_proj)
+        layer.mlp.down_proj = _Wrapped(layer.mlp.down_proj)
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), expected, atol=1e-5)
+    fresh = _small()
+    for layer in fresh.layers:   # wrapped before fusing: the group is never fused
+        layer.mlp.gate_proj = _Wrapped(layer.mlp.gate_proj)
+    fresh.fuse_projections()
+    assert fresh.layers[0].mlp.fused_gate_up is None and fresh.layers[0].self_attn.fused_qkv is not None
+    with torch.inference_mode():
+        assert torch.allclose(fresh(ids), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("attention_bias,mlp_bias,tied", [(False, False, True), (True, False, False),

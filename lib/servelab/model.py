@@ -12,10 +12,16 @@ Llama-family checkpoint (TinyLlama, SmolLM, Llama 3.x) loads with
 :func:`load_pretrained`; the tests check that logits match ``transformers`` to
 1e-4 in fp32.
 
-The pieces are public so that the serving engine can drive them itself:
-``model.embed(ids)``, ``model.rotary(position_ids)`` for cos/sin at any
-positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's Q, K, V,
-``layer.self_attn.attend(q, k, v, mask)`` and ``model.logits(h)``.
+The pieces are public: ``model.embed(ids)``, ``model.rotary(position_ids)`` for
+cos/sin at any positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's
+Q, K, V, ``layer.self_attn.attend(q, k, v, mask)`` and ``model.logits(h)``.
+
+There is one forward path. Attention reads its keys and values through what
+it is given as ``cache``: nothing (a plain prompt), a contiguous
+:class:`KVCache` (``generate``), or the serving engine's *step context*, a
+paged pool with block tables and slot mapping (``ragged`` rows of many
+sequences; :mod:`servelab.engine.model_runner`). The engine runs these very
+layers; only the attention core differs.
 """
 from __future__ import annotations
 
@@ -28,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.attention import apply_rope, mask_from_positions, rope_cos_sin, rope_inv_freq
+from servelab.attention import apply_rope, mask_from_positions, rope_cos_sin, rope_inv_freq, rotate_half
 from servelab.specs import ModelConfig
 
 __all__ = [
     "LlamaConfig", "check_llama_config", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
-    "LlamaModel", "KVCache", "FusedLinears", "load_pretrained", "save_pretrained", "load_config",
+    "LlamaModel", "KVCache", "FusedLinears", "fusable", "load_pretrained", "save_pretrained", "load_config",
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
 ]
 
@@ -102,14 +108,19 @@ class FusedLinears:
     long matrix streams from memory. The fused matrix *is* the storage: each
     original ``weight`` becomes a view of its rows, so nothing is copied,
     ``state_dict`` names and values stay Hugging Face's, and an optimizer step
-    or ``load_state_dict`` updates both at once.
+    or ``load_state_dict`` (which copies into the parameters) updates both at once.
 
-    It is used only while it is still what the linears hold (:meth:`is_current`):
-    after ``model.to(dtype)`` the parameters are new tensors, and the layer goes
-    back to its separate matmuls until fused again.
+    It can never go stale: :func:`_apply_linears` checks before every use that
+    the linears still hold views of it (:meth:`is_current`). After
+    ``model.to(dtype)`` or a weight swap (``q_proj.weight = ...``) the
+    parameters are new tensors, and the fusion is rebuilt from them. Only plain
+    ``nn.Linear`` are fused: if one projection of the group is anything else (a
+    quantized linear, a tensor-parallel wrapper), the group runs one by one.
     """
 
     def __init__(self, linears):
+        if not fusable(linears):
+            raise TypeError(f"only plain nn.Linear can be fused, got {[type(l).__name__ for l in linears]}")
         with torch.no_grad():
             self.weight = torch.cat([l.weight for l in linears])
             has_bias = linears[0].bias is not None
@@ -121,6 +132,7 @@ class FusedLinears:
                 if has_bias:
                     l.bias = nn.Parameter(self.bias[row:row + n], requires_grad=l.bias.requires_grad)
                 row += n
+        self._modules_ids = [id(l) for l in linears]
         self._pointers = [self._pointer(l) for l in linears]
 
     @staticmethod
@@ -129,21 +141,38 @@ class FusedLinears:
                 None if linear.bias is None else linear.bias.data_ptr())
 
     def is_current(self, linears) -> bool:
-        """True while the linears still hold views of this fused matrix."""
-        return [self._pointer(l) for l in linears] == self._pointers
+        """True while these very linears (plain ``nn.Linear``) still hold views of this fused matrix."""
+        return (fusable(linears) and [id(l) for l in linears] == self._modules_ids
+                and [self._pointer(l) for l in linears] == self._pointers)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
 
-def _apply_linears(fused: "FusedLinears | None", linears, x):
-    """Each linear applied to ``x``: in one fused matmul when it applies, else one by one.
+def fusable(linears) -> bool:
+    """Plain ``nn.Linear`` with biases all present or all absent (nothing else is fused)."""
+    return (all(type(l) is nn.Linear for l in linears)
+            and len({l.bias is None for l in linears}) == 1)
 
-    Training always takes the separate linears, so each weight gets its own gradient.
+
+def _apply_linears(owner: nn.Module, attr: str, linears, x):
+    """Each linear applied to ``x``: in one fused matmul when the group is fused, else one by one.
+
+    A stale fusion (after ``.to(dtype)`` or a weight swap) is rebuilt here, so it can
+    never be used with old weights; a group that is no longer all plain
+    ``nn.Linear`` runs one by one. Training always takes the separate linears, so
+    each weight gets its own gradient.
     """
-    if fused is not None and not torch.is_grad_enabled() and fused.is_current(linears):
-        return fused(x)
-    return [l(x) for l in linears]
+    fused = getattr(owner, attr)
+    if fused is None or torch.is_grad_enabled():
+        return [l(x) for l in linears]
+    if not fused.is_current(linears):
+        if not fusable(linears):
+            return [l(x) for l in linears]
+        with torch.inference_mode(False), torch.no_grad():
+            fused = FusedLinears(linears)
+        setattr(owner, attr, fused)
+    return fused(x)
 
 
 # ====================================================================== layers
@@ -178,15 +207,46 @@ class RotaryEmbedding(nn.Module):
 
     ``rotary(position_ids)`` -> ``(cos, sin)`` of shape ``[..., time, head_dim]``,
     for any positions at all (a prefill chunk, one decode step per sequence...).
+    Positions below ``max_position_embeddings`` (at most :attr:`TABLE_LIMIT`) are
+    looked up in a table computed once (the same fp32 arithmetic, so the same
+    values); others are computed.
     """
+
+    TABLE_LIMIT = 8192
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.max_positions = min(config.max_position_embeddings, self.TABLE_LIMIT)
+        self._table = None  # (key, cos [max, head_dim] fp32, sin) built on first use
 
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32):
+    def table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos and sin for positions ``0 .. max_position_embeddings - 1`` (rebuilt if
+        ``inv_freq`` was replaced or moved)."""
+        key = (self.inv_freq.data_ptr(), self.inv_freq.device, self.inv_freq.dtype)
+        if self._table is None or self._table[0] != key:
+            with torch.inference_mode(False), torch.no_grad():
+                positions = torch.arange(self.max_positions, device=self.inv_freq.device)
+                cos, sin = rope_cos_sin(positions, self.inv_freq, torch.float32)
+            self._table = (key, cos, sin)
+        return self._table[1], self._table[2]
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32,
+                max_position: int | None = None):
+        """cos/sin at ``position_ids``; ``max_position`` (the largest id, if the caller
+        knows it) saves a look at the tensor."""
+        if max_position is None:
+            max_position = int(position_ids.max()) if position_ids.numel() else 0
+        if max_position < self.max_positions:
+            cos, sin = self.table()
+            return cos[position_ids].to(dtype), sin[position_ids].to(dtype)
         return rope_cos_sin(position_ids, self.inv_freq, dtype)
+
+
+def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE for rows laid out ``[T, heads, head_dim]`` with cos/sin ``[T, 1, head_dim]``."""
+    return x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -213,8 +273,10 @@ class Attention(nn.Module):
         self.fused_qkv: FusedLinears | None = None
 
     def fuse(self) -> None:
-        """Store Q, K and V as one matrix and project with one matmul at inference."""
-        self.fused_qkv = FusedLinears([self.q_proj, self.k_proj, self.v_proj])
+        """Store Q, K and V as one matrix and project with one matmul at inference
+        (left unfused if a projection is not a plain ``nn.Linear``)."""
+        linears = [self.q_proj, self.k_proj, self.v_proj]
+        self.fused_qkv = FusedLinears(linears) if fusable(linears) else None
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
@@ -224,7 +286,7 @@ class Attention(nn.Module):
         exactly what a KV cache stores for these tokens.
         """
         b, t, _ = x.shape
-        q, k, v = _apply_linears(self.fused_qkv, (self.q_proj, self.k_proj, self.v_proj), x)
+        q, k, v = _apply_linears(self, "fused_qkv", (self.q_proj, self.k_proj, self.v_proj), x)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -245,6 +307,22 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
     def forward(self, x, cos, sin, mask=None, cache=None, is_causal=False):
+        """Attention for ``x [batch, time, hidden]`` over a contiguous ``cache`` (or none),
+        or for ragged rows ``x [T, hidden]`` over a *step context* (``cache.ragged``).
+
+        A step context (the engine's paged pool: :class:`servelab.engine.model_runner.PagedStepContext`)
+        stores the rows' K/V where they belong and attends each row to its own
+        sequence's past: ``cache.attend(layer_idx, q, k, v, scale) -> [T, heads, head_dim]``
+        with ``q [T, heads, head_dim]`` and ``k, v [T, kv_heads, head_dim]``, RoPE applied.
+        Everything else (projections, RoPE, ``o_proj``) is this layer's own code.
+        """
+        if getattr(cache, "ragged", False):
+            T = x.shape[0]
+            q, k, v = _apply_linears(self, "fused_qkv", (self.q_proj, self.k_proj, self.v_proj), x)
+            q = _rope_rows(q.view(T, self.num_heads, self.head_dim), cos, sin)
+            k = _rope_rows(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+            o = cache.attend(self.layer_idx, q, k, v.view(T, self.num_kv_heads, self.head_dim), self.scale)
+            return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
         q, k, v = self.project(x, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
@@ -263,11 +341,13 @@ class MLP(nn.Module):
         self.fused_gate_up: FusedLinears | None = None
 
     def fuse(self) -> None:
-        """Store gate and up as one matrix and multiply once at inference."""
-        self.fused_gate_up = FusedLinears([self.gate_proj, self.up_proj])
+        """Store gate and up as one matrix and multiply once at inference
+        (left unfused if either is not a plain ``nn.Linear``)."""
+        linears = [self.gate_proj, self.up_proj]
+        self.fused_gate_up = FusedLinears(linears) if fusable(linears) else None
 
     def forward(self, x):
-        gate, up = _apply_linears(self.fused_gate_up, (self.gate_proj, self.up_proj), x)
+        gate, up = _apply_linears(self, "fused_gate_up", (self.gate_proj, self.up_proj), x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -370,20 +450,38 @@ class LlamaModel(nn.Module):
 
     # -- forward --------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[batch, time, vocab]`` for ``input_ids [batch, time]``.
 
         ``position_ids`` default to the next positions after what ``cache``
         holds (0, 1, ... without a cache). With a cache the new K/V are stored
         and the cache advances by ``time``.
+
+        The engine's form: ``input_ids [T]`` ragged rows of many sequences, their
+        ``position_ids [T]`` and a step context as ``cache`` (see
+        :meth:`Attention.forward`); ``logits_rows`` picks the rows that need
+        logits (the others skip the output head). Returns ``[len(logits_rows), vocab]``.
         """
-        return self.logits(self._run(input_ids, position_ids, cache)[-1])
+        h = self._run(input_ids, position_ids, cache)[-1]
+        if logits_rows is not None:
+            h = h[logits_rows]
+        return self.logits(h)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids=None, cache=None) -> list[torch.Tensor]:
         """The residual stream after the embedding and after each layer (before the final norm)."""
         return self._run(input_ids, position_ids, cache, keep_all=True)
 
     def _run(self, input_ids, position_ids, cache, keep_all=False):
+        if getattr(cache, "ragged", False):  # the engine's ragged rows over a step context
+            h = self.embed(input_ids)
+            cos, sin = self.rotary(position_ids, h.dtype, getattr(cache, "max_position", None))
+            cos, sin = cos[:, None], sin[:, None]
+            states = [h] if keep_all else None
+            for layer in self.layers:
+                h = layer(h, cos, sin, cache=cache)
+                if keep_all:
+                    states.append(h)
+            return states if keep_all else [h]
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         b, t = input_ids.shape
@@ -416,8 +514,10 @@ class LlamaModel(nn.Module):
     def fuse_projections(self) -> "LlamaModel":
         """Fuse every layer's Q/K/V and gate/up projections (see :class:`FusedLinears`).
 
-        Same outputs, fewer and longer matmuls: the usual serving layout. Call it
-        after any ``.to(dtype)``; returns the model.
+        Same outputs, fewer and longer matmuls: the usual serving layout. A
+        fusion made stale by ``.to(dtype)`` or a weight swap is rebuilt at the next
+        inference call; groups holding other modules than plain ``nn.Linear``
+        (quantized, tensor-parallel) stay unfused. Returns the model.
         """
         for layer in self.layers:
             layer.self_attn.fuse()

@@ -26,7 +26,7 @@ from servelab.engine.detokenizer import IncrementalDetokenizer
 from servelab.engine.model_runner import prepare_step
 from servelab.engine.sampler import Sampler
 from servelab.engine.scheduler import Scheduler
-from servelab.engine.sequence import CompletionOutput, RequestOutput, Sequence
+from servelab.engine.sequence import CompletionOutput, LazyRequestOutput, RequestOutput, Sequence
 from servelab.engine.stop import StopChecker
 from servelab.generation import encode_prompt
 from servelab.sampling import SamplingParams
@@ -75,10 +75,28 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None, **config) -> "LLMEngine":
-        """Build an engine (paged pool included) around a :class:`servelab.model.LlamaModel`."""
+        """Build an engine (paged pool included) around a :class:`servelab.model.LlamaModel`.
+
+        ``max_model_len`` defaults to the model's ``max_position_embeddings``, or
+        to the pool's size if that is smaller. Refused at start-up, with the fix
+        named: a ``max_model_len`` above ``max_position_embeddings``, or a pool
+        too small for one sequence of the ``max_model_len`` asked for.
+        """
         from servelab.engine.model_runner import ModelRunner
-        config.setdefault("max_model_len", model.config.max_position_embeddings)
+        limit = model.config.max_position_embeddings
+        explicit = config.get("max_model_len") is not None
+        if not explicit:  # the model's context, or what the pool holds if that is less
+            probe = EngineConfig(**{**config, "max_model_len": limit})
+            config["max_model_len"] = min(limit, probe.pool_tokens)
         cfg = EngineConfig(**config)
+        if cfg.max_model_len > limit:
+            raise ValueError(f"max_model_len={cfg.max_model_len} is above the model's "
+                             f"max_position_embeddings={limit}; lower max_model_len")
+        if cfg.pool_tokens < cfg.max_model_len:  # vLLM refuses this too, rather than cut requests short
+            raise ValueError(f"the KV pool holds {cfg.pool_tokens} tokens ({cfg.num_kv_blocks} blocks of "
+                             f"{cfg.block_size}), less than one sequence of max_model_len="
+                             f"{cfg.max_model_len}; raise num_kv_blocks to at least "
+                             f"{-(-cfg.max_model_len // cfg.block_size)} or lower max_model_len")
         runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype)
         eos = model.config.eos_token_ids
         if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
@@ -181,7 +199,14 @@ class LLMEngine:
         step = prepare_step(plan)
         logits = self.runner.execute(step)
         self.scheduler.commit(plan)
-        sampling = [s.seq for s in plan.scheduled if s.samples]
+        sampling, rows, r = [], [], 0
+        for s in plan.scheduled:  # logits come in plan order, num_logits rows each
+            r += s.num_logits
+            if s.samples and s.num_logits:
+                sampling.append(s.seq)
+                rows.append(r - 1)  # a sequence samples from its last row
+        if rows != list(range(r)):
+            logits = logits[rows]
         tokens = self.sampler(logits, sampling) if sampling else []
         now = time.perf_counter()
         outputs = self._step_outputs = []
@@ -227,13 +252,12 @@ class LLMEngine:
                 detok.flush()  # the end: show any half-decoded character as is
                 seq.output_text = detok.text
             self.scheduler.finish(seq, reason, stop_reason)
-        out = self._output(seq)
+        cb = self._callbacks.get(seq.request_id)
+        out = self._output(seq, eager=cb is not None)
         if seq.is_finished:
             self._release(seq, out)
-        else:
-            cb = self._callbacks.get(seq.request_id)
-            if cb is not None:
-                cb(out)
+        elif cb is not None:
+            cb(out)
         return out
 
     # -- outputs ------------------------------------------------------------------
@@ -242,16 +266,21 @@ class LLMEngine:
         """Characters not yet safe to stream: they might be the start of a stop string."""
         return 0 if seq.is_finished else seq.stop_checker.holdback
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _output(self, seq: Sequence, eager: bool = True) -> RequestOutput:
+        """What the request reports now: the new text and ids (the delta) and the
+        whole output so far. ``eager=False`` (a running request no callback is
+        waiting for) defers building the whole output until someone reads it."""
         text = seq.output_text
         safe = max(len(text) - self._holdback(seq), seq.emitted_text_len)
         delta_text = text[seq.emitted_text_len:safe]
         seq.emitted_text_len = safe
-        out_ids = seq.output_token_ids
-        delta_ids = out_ids[seq.emitted_token_count:]
-        seq.emitted_token_count = len(out_ids)
+        n_out = seq.num_output_tokens
+        delta_ids = seq.token_ids[seq.num_prompt_tokens + seq.emitted_token_count:]
+        seq.emitted_token_count = n_out
+        if not eager and not seq.is_finished:
+            return LazyRequestOutput(seq, n_out, safe, delta_text, delta_ids)
         completion = CompletionOutput(0, text[:safe] if not seq.is_finished else text,
-                                      list(out_ids), seq.finish_reason, seq.stop_reason,
+                                      seq.output_token_ids, seq.finish_reason, seq.stop_reason,
                                       None if seq.logprobs is None else list(seq.logprobs),
                                       None if seq.top_logprobs is None else list(seq.top_logprobs))
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],

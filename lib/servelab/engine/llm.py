@@ -64,9 +64,10 @@ class LLM:
             tokenizer = load_tokenizer(folder)
         self.model = model
         self.tokenizer = tokenizer
-        max_model_len = max_model_len or model.config.max_position_embeddings
-        if num_kv_blocks is None:
-            num_kv_blocks = -(-min(max_num_seqs * max_model_len, self.DEFAULT_POOL_TOKENS) // block_size)
+        if num_kv_blocks is None:  # at least one full-length sequence always fits
+            context = max_model_len or model.config.max_position_embeddings
+            pool = max(min(max_num_seqs * context, self.DEFAULT_POOL_TOKENS), context)
+            num_kv_blocks = -(-pool // block_size)
         self.engine = LLMEngine.from_model(
             model, tokenizer, seed=seed, kv_dtype=kv_dtype, block_size=block_size,
             num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,

@@ -3,41 +3,54 @@
 The scheduler's plan is a list of (sequence, how many new tokens). The runner
 flattens it into one **ragged batch**: every scheduled token of every sequence,
 one after another, each with its explicit position and the pool slot its K/V
-goes to. Prefill chunks and decodes are just rows of different lengths:
+goes to. Decode rows (one token each) come first, sorted by context length,
+then the longer chunks:
 
-    input_ids   [t0 t1 t2 t3 | d | d | c0 c1]   (a prompt, two decodes, a chunk)
-    positions   [0  1  2  3  | 57| 9 | 32 33]
+    input_ids   [d | d | t0 t1 t2 t3 | c0 c1]   (two decodes, a prompt, a chunk)
+    positions   [9 | 57| 0  1  2  3  | 32 33]
     slot_map    where each row's K/V is written in the pool
 
 Matmuls (projections, MLP) see one [T, hidden] matrix regardless of who the rows
-belong to; only attention needs to know, and reads each sequence's past through
-its block table. Logits are computed only for rows that end a sequence's
-missing tokens: a chunk in the middle of a prompt samples nothing.
+belong to; only attention needs to know. The runner does not compute the layers
+itself: it builds a :class:`PagedStepContext` (block tables, slot mapping, the
+pool) once per step and calls the model's own forward, whose attention layers
+read their keys and values through it. Logits are computed only for the rows
+that need them: the last row of each sequence that samples (a chunk in the
+middle of a prompt samples nothing), or the last ``num_logits`` rows when the
+plan asks for several (speculative decoding scores draft tokens that way).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
-from servelab.attention import rotate_half
-from servelab.model import rms_norm
-from servelab.paged import PagedAttentionMetadata, paged_attention, write_kv
+from servelab.paged import blocks_for
 
-__all__ = ["StepInput", "prepare_step", "ModelRunner"]
+__all__ = ["StepInput", "prepare_step", "PagedStepContext", "ModelRunner"]
 
 
 @dataclass
 class StepInput:
+    """One step's ragged batch, in row order (decode rows first), as plain lists.
+
+    Per-sequence lists (``query_lens``, ``context_lens``, ``block_tables``) follow
+    the row order. ``sample_rows`` are the rows that get logits, in the plan's
+    order (each scheduled sequence's ``num_logits`` trailing rows), so logits
+    row ``i`` belongs to the ``i``-th such row of the plan.
+    """
+
     input_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
     query_lens: list[int]
     context_lens: list[int]
     block_tables: list[list[int]]
-    sample_rows: list[int]  # row of the last token of each sequence that samples
+    sample_rows: list[int]
+    num_decode_rows: int = 0  # leading rows that are single-token sequences
+    logits_per_seq: list[int] = field(default_factory=list)  # plan order: rows of logits each
 
     @property
     def num_tokens(self) -> int:
@@ -45,9 +58,18 @@ class StepInput:
 
 
 def prepare_step(out: SchedulerOutput) -> StepInput:
-    """Flatten the scheduler's plan into a ragged batch (no tensors yet)."""
-    step = StepInput([], [], [], [], [], [], [])
-    for s in out.scheduled:
+    """Flatten the scheduler's plan into a ragged batch (no tensors yet).
+
+    THE step preparation: the continuous engine and the static baselines both use it.
+    A scheduled item needs ``.seq`` (with ``token_ids`` and ``block_table``),
+    ``.start``, ``.num_new_tokens`` and ``.num_logits``.
+    """
+    items = list(out.scheduled)
+    decodes = sorted((s for s in items if s.num_new_tokens == 1), key=lambda s: s.start)
+    chunks = [s for s in items if s.num_new_tokens != 1]
+    step = StepInput([], [], [], [], [], [], [], num_decode_rows=len(decodes))
+    last_row = {}
+    for s in decodes + chunks:
         seq, start, n = s.seq, s.start, s.num_new_tokens
         end = start + n
         step.input_ids.extend(seq.token_ids[start:end])
@@ -56,29 +78,129 @@ def prepare_step(out: SchedulerOutput) -> StepInput:
         step.query_lens.append(n)
         step.context_lens.append(end)
         step.block_tables.append(list(seq.block_table.block_ids))
-        if s.samples:
-            step.sample_rows.append(len(step.input_ids) - 1)
+        last_row[id(s)] = len(step.input_ids)
+    for s in items:
+        k = s.num_logits
+        if k > s.num_new_tokens:
+            raise ValueError(f"num_logits={k} but only {s.num_new_tokens} rows are computed for "
+                             f"{getattr(s.seq, 'request_id', s.seq)}")
+        step.logits_per_seq.append(k)
+        end = last_row[id(s)]
+        step.sample_rows.extend(range(end - k, end))
     return step
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE for rows laid out [T, heads, head_dim] with cos/sin [T, 1, head_dim]."""
-    return x * cos + rotate_half(x) * sin
+class PagedStepContext:
+    """What the model's attention layers read during one engine step (nano-vllm's
+    ``Context``): the pool of every layer, where each row's K/V goes (slot
+    mapping), and how each sequence reads its past (block tables).
+
+    Built once per step; every layer reuses its index tensors. Attention per row kind:
+
+    * **decode rows** (one query): grouped by similar context length (they are
+      sorted, so a group is a slice of rows); one ``index_select`` gathers K and
+      V of the group's blocks at once from the fused pool, a mask hides padding;
+    * **a chunk starting at position 0** (a fresh prompt): causal SDPA over its
+      own new K/V, no gather, no mask;
+    * **a later chunk**: gathers its context slots, causal mask offset by the
+      cached part.
+
+    A pool stored in a lower precision (``kv_dtype``) is converted per gathered
+    block, never as a whole.
+    """
+
+    ragged = True
+
+    def __init__(self, pools, step: StepInput, block_size: int, max_padding: float = 0.25):
+        self.pools = pools
+        self.block_size = block_size
+        self.max_position = max(step.positions) if step.positions else 0
+        self.slots = torch.as_tensor(step.slot_mapping, dtype=torch.long)
+        bs = block_size
+        self.decode_groups = []  # (row0, row1, flat block ids, nblk, mask or None)
+        nd = step.num_decode_rows
+        ctx = step.context_lens
+        groups: list[list[int]] = []
+        real = 0
+        for i in range(nd):
+            nb = blocks_for(ctx[i], bs)
+            if groups and (len(groups[-1]) + 1) * nb > (1 + max_padding) * (real + nb):
+                groups.append([])
+                real = 0
+            if not groups:
+                groups.append([])
+            groups[-1].append(i)
+            real += nb
+        for g in groups:
+            r0, r1 = g[0], g[-1] + 1
+            nblk = blocks_for(ctx[r1 - 1], bs)  # sorted: the last is longest
+            table = torch.zeros(r1 - r0, nblk, dtype=torch.long)
+            for row, i in enumerate(range(r0, r1)):
+                ids = step.block_tables[i][:blocks_for(ctx[i], bs)]
+                table[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            lens = ctx[r0:r1]
+            mask = None
+            if any(c != nblk * bs for c in lens):
+                mask = (torch.arange(nblk * bs) < torch.as_tensor(lens)[:, None])[:, None, None, :]
+            self.decode_groups.append((r0, r1, table.flatten(), nblk, mask))
+        self.chunks = []  # (row0, row1, None | context slots, None | mask)
+        row = sum(step.query_lens[:nd])
+        for i in range(nd, len(step.query_lens)):
+            n, c = step.query_lens[i], ctx[i]
+            if c == n:  # starts at position 0: attend to its own fresh K/V, causally
+                self.chunks.append((row, row + n, None, None))
+            else:
+                ids = torch.as_tensor(step.block_tables[i][:blocks_for(c, bs)], dtype=torch.long)
+                slots = (ids[:, None] * bs + torch.arange(bs)).flatten()[:c]
+                mask = torch.arange(c)[None, :] <= torch.arange(c - n, c)[:, None]
+                self.chunks.append((row, row + n, slots, mask))
+            row += n
+
+    def attend(self, layer_idx: int, q, k, v, scale: float):
+        """Write the rows' K/V into layer ``layer_idx``'s pool, then attend; returns [T, H, D]."""
+        pool = self.pools[layer_idx]              # [num_blocks, block_size, 2, KVH, D]
+        flat = pool.view(-1, *pool.shape[2:])     # [num_slots, 2, KVH, D]
+        flat.index_copy_(0, self.slots, torch.stack((k, v), dim=1).to(pool.dtype))
+        gqa = q.shape[1] != k.shape[1]
+        out = torch.empty_like(q)
+        bs = self.block_size
+        for r0, r1, table, nblk, mask in self.decode_groups:
+            g = pool.index_select(0, table)       # K and V of the group's blocks, one gather
+            if g.dtype != q.dtype:
+                g = g.to(q.dtype)                 # only the gathered blocks change precision
+            g = g.view(r1 - r0, nblk * bs, *pool.shape[2:])
+            kk, vv = g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)   # [B, KVH, L, D]
+            o = F.scaled_dot_product_attention(q[r0:r1].unsqueeze(2), kk, vv, attn_mask=mask,
+                                               scale=scale, enable_gqa=gqa)
+            out[r0:r1] = o.squeeze(2)
+        for r0, r1, slots, mask in self.chunks:
+            qp = q[r0:r1].transpose(0, 1)[None]   # [1, H, n, D]
+            if slots is None:
+                kk, vv = k[r0:r1].transpose(0, 1)[None], v[r0:r1].transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(qp, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
+            else:
+                g = flat.index_select(0, slots)
+                if g.dtype != q.dtype:
+                    g = g.to(q.dtype)
+                kk, vv = g[:, 0].transpose(0, 1)[None], g[:, 1].transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(qp, kk, vv, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            out[r0:r1] = o[0].transpose(0, 1)
+        return out
 
 
 class ModelRunner:
     """Runs a :class:`servelab.model.LlamaModel` over a paged KV pool.
 
-    The pool is one K and one V tensor per layer, each
-    ``[num_blocks, block_size, num_key_value_heads, head_dim]``.
+    The pool is one tensor per layer holding K and V together,
+    ``[num_blocks, block_size, 2, num_key_value_heads, head_dim]``, so one
+    ``index_select`` gathers both. ``k_cache[l]`` and ``v_cache[l]`` are views of it.
 
-    The forward pass uses the model's own weights and RoPE tables, with two
-    standard serving tricks: the Q, K and V projections are fused into one
-    matrix (one matmul instead of three), and so are the MLP's gate and up
-    projections (``LlamaModel.fuse_projections``, done when the runner is built;
-    the model's own weights become views of the fused matrices, nothing is copied).
-    Attention is replaced by the gather through block tables. The tests check
-    the logits against the model's own forward pass.
+    The forward pass is the model's own (its layers, its RoPE table, its fused
+    Q/K/V and gate/up projections: ``LlamaModel.fuse_projections`` is called
+    here; the weights become views of the fused matrices, nothing is copied).
+    Only attention's source of keys and values differs: a
+    :class:`PagedStepContext`. The tests check the logits against the model's
+    plain forward pass.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None):
@@ -88,11 +210,17 @@ class ModelRunner:
         self.block_size = block_size
         self.dtype = model.embed_tokens.weight.dtype
         kv_dtype = kv_dtype or self.dtype
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
+        shape = (num_blocks, block_size, 2, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_pools = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
         model.fuse_projections()  # views of one matrix each: no copy of the weights
-        self.scale = cfg.head_dim ** -0.5
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:
+        return [p[:, :, 0] for p in self.kv_pools]
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:
+        return [p[:, :, 1] for p in self.kv_pools]
 
     @property
     def vocab_size(self) -> int:
@@ -100,38 +228,15 @@ class ModelRunner:
 
     @property
     def kv_pool_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)
+        return sum(t.numel() * t.element_size() for t in self.kv_pools)
+
+    def context(self, step: StepInput) -> PagedStepContext:
+        return PagedStepContext(self.kv_pools, step, self.block_size)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
-        """Write every scheduled token's K/V; return logits [len(sample_rows), vocab]."""
-        model, cfg = self.model, self.config
-        T = step.num_tokens
-        H, KVH, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        eps = cfg.rms_norm_eps
+        """Write every scheduled token's K/V; return fp32 logits [len(sample_rows), vocab]."""
         ids = torch.as_tensor(step.input_ids, dtype=torch.long)
         positions = torch.as_tensor(step.positions, dtype=torch.long)
-        slots = torch.as_tensor(step.slot_mapping, dtype=torch.long)
-        meta = PagedAttentionMetadata.build(step.block_tables, step.query_lens,
-                                            step.context_lens, self.block_size)
-        h = F.embedding(ids, model.embed_tokens.weight)             # [T, hidden]
-        cos, sin = model.rotary(positions, h.dtype)                 # [T, head_dim]
-        cos, sin = cos[:, None], sin[:, None]
-        for layer, k_cache, v_cache in zip(model.layers, self.k_cache, self.v_cache):
-            attn, mlp = layer.self_attn, layer.mlp
-            q, k, v = attn.fused_qkv(rms_norm(h, layer.input_layernorm.weight, eps))
-            q = _rope(q.view(T, H, D), cos, sin)
-            k = _rope(k.view(T, KVH, D), cos, sin)
-            write_kv(k_cache, slots, k)
-            write_kv(v_cache, slots, v.view(T, KVH, D))
-            o = self._attention(q, k_cache, v_cache, meta)
-            h = h + attn.o_proj(o.reshape(T, H * D))
-            gate, up = mlp.fused_gate_up(rms_norm(h, layer.post_attention_layernorm.weight, eps))
-            h = h + mlp.down_proj(F.silu(gate) * up)
         rows = torch.as_tensor(step.sample_rows, dtype=torch.long)
-        return model.logits(h[rows]).float()
-
-    def _attention(self, q, k_cache, v_cache, meta):
-        if k_cache.dtype != q.dtype:  # a lower-precision pool: compute in q's dtype
-            k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)
-        return paged_attention(q, k_cache, v_cache, meta, scale=self.scale)
+        return self.model(ids, positions, cache=self.context(step), logits_rows=rows).float()

@@ -38,16 +38,24 @@ class ScheduledSequence:
     ``samples``: this step completes the sequence's tokens, so a new token is
     sampled from its last row (a chunk in the middle of a prompt samples nothing).
     Both are fixed when the plan is made, before the step changes the sequence.
+    ``num_logits``: how many trailing rows get logits from the runner (default:
+    1 if it samples, else 0; speculative decoding asks for one per draft token
+    to verify them all in one step).
     """
 
     seq: Sequence
     num_new_tokens: int
+    num_logits: int | None = None
     start: int = field(init=False)
     samples: bool = field(init=False)
 
     def __post_init__(self):
         self.start = self.seq.num_computed_tokens
         self.samples = self.start + self.num_new_tokens == self.seq.num_tokens
+        if self.num_logits is None:
+            self.num_logits = 1 if self.samples else 0
+        if not 0 <= self.num_logits <= self.num_new_tokens:
+            raise ValueError(f"num_logits must be in [0, {self.num_new_tokens}], got {self.num_logits}")
 
 
 @dataclass
@@ -170,11 +178,14 @@ class Scheduler:
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Roll a running sequence back to its first ``num_tokens`` tokens (e.g. draft
         tokens a verifier rejected): tokens, computed count and KV blocks alike.
-        Emptied blocks are freed; rolled-back full blocks leave the prefix cache."""
+        At most ``num_tokens - 1`` tokens stay computed, so the next step runs the
+        last kept token and samples from its logits. Emptied blocks are freed;
+        rolled-back full blocks leave the prefix cache."""
         if not seq.num_prompt_tokens <= num_tokens <= seq.num_tokens:
             raise ValueError(f"can only roll back to a length in [{seq.num_prompt_tokens}, "
                              f"{seq.num_tokens}] (prompt kept), got {num_tokens}")
-        computed = min(seq.num_computed_tokens, num_tokens)
+        # the last kept token is fed again next step: its row gives the logits to go on from
+        computed = min(seq.num_computed_tokens, num_tokens - 1)
         self.kv.truncate(seq.block_table, computed)
         del seq.token_ids[num_tokens:]
         seq.num_computed_tokens = computed

@@ -23,7 +23,8 @@ from typing import Any
 
 from servelab.paged import BlockTable
 
-__all__ = ["SequenceStatus", "RequestMetrics", "Sequence", "CompletionOutput", "RequestOutput"]
+__all__ = ["SequenceStatus", "RequestMetrics", "Sequence", "CompletionOutput", "RequestOutput",
+           "LazyRequestOutput"]
 
 
 class SequenceStatus(enum.Enum):
@@ -169,3 +170,44 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+class LazyRequestOutput(RequestOutput):
+    """A :class:`RequestOutput` for a request still running, whose ``outputs`` (the
+    whole text and token list so far) are built only if someone reads them.
+
+    ``step()`` reports every request that got a token; most callers read only
+    the deltas, or only the finished outputs. Copying a growing token list per
+    token per request would make a long answer cost O(length^2), so the engine
+    snapshots the *lengths* (tokens are only appended) and slices on demand:
+    reading it later gives what it held when it was made. Finished requests and
+    streaming callbacks get a plain, eagerly built :class:`RequestOutput`.
+    """
+
+    def __init__(self, seq: "Sequence", num_output_tokens: int, text_len: int, delta_text: str,
+                 delta_token_ids: list[int]):
+        self.request_id = seq.request_id
+        self.prompt = seq.prompt
+        self.prompt_token_ids = seq.prompt_token_ids
+        self.finished = False
+        self.metrics = seq.metrics
+        self.delta_text = delta_text
+        self.delta_token_ids = delta_token_ids
+        self.error = None
+        self._source = (seq, num_output_tokens, text_len)
+        self._outputs = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        if self._outputs is None:
+            seq, n, text_len = self._source
+            p = seq.num_prompt_tokens
+            self._outputs = [CompletionOutput(
+                0, seq.output_text[:text_len], seq.token_ids[p:p + n], None, None,
+                None if seq.logprobs is None else seq.logprobs[:n],
+                None if seq.top_logprobs is None else seq.top_logprobs[:n])]
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value) -> None:
+        self._outputs = value

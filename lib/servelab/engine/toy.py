@@ -52,14 +52,20 @@ class ToyRunner:
         self.steps.append(step)
         for slot, token in zip(step.slot_mapping, step.input_ids):
             self.pool[slot] = token
-        logits = []
-        row = 0
         bs = self.block_size
-        for blocks, n, ctx in zip(step.block_tables, step.query_lens, step.context_lens):
+        # the sequence (in row order) each row belongs to, to read its context back
+        owner, row = [], 0
+        for i, n in enumerate(step.query_lens):
+            owner.extend([i] * n)
             row += n
-            if row - 1 in step.sample_rows:
-                context = [self.pool[blocks[p // bs] * bs + p % bs] for p in range(ctx)]
-                logits.append(toy_logits(context, self.vocab_size))
+        starts = [sum(step.query_lens[:i]) for i in range(len(step.query_lens))]
+        logits = []
+        for r in step.sample_rows:  # logits in the order asked for
+            i = owner[r]
+            ctx = step.context_lens[i] - step.query_lens[i] + (r - starts[i]) + 1
+            blocks = step.block_tables[i]
+            context = [self.pool[blocks[p // bs] * bs + p % bs] for p in range(ctx)]
+            logits.append(toy_logits(context, self.vocab_size))
         if not logits:
             return torch.empty(0, self.vocab_size)
         return torch.stack(logits)
