@@ -63,6 +63,7 @@ MUTANTS = [
     ('q3', "emits tokens at the step's start", 'on_token(now, r[0], token)', 'on_token(now - step_seconds, r[0], token)', 'event'),
     ('q3', 'an idle batcher never waits', 'now = max(now, min(pending[0][1] + max_wait, fills))', 'now = max(now, pending[0][1])', ''),
     ('q3', 'admits requests before they arrive', '               and pending[0][1] <= now):', '               and True):', ''),
+    ('q3', 'static batching: no one joins a running batch', '               and pending[0][1] <= now):', '               and pending[0][1] <= now and not any(r[4] for r in running)):', ''),
     ('q3', 'measures the first token from time 0', 'ttft[r[0]] = now - r[1]        # first token minus arrival', 'ttft[r[0]] = now', ''),
 ]
 
