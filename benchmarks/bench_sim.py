@@ -85,12 +85,15 @@ def calibration(quick: bool, runs_from: Path | None) -> tuple[dict, list, list]:
                          **{f"predicted_{k}": round(v, 5) for k, v in c.predicted.items()},
                          **{f"error_{k}": round(v, 4) for k, v in c.errors.items()},
                          "worst": round(c.worst, 4)})
-    per_step = {}
+    per_step, speed = {}, {}
     for r in [*fit_runs, *held]:
         pred = np.array([model.step_s(s) for s in r.shapes])
         per_step[r.label] = round(float(np.median(np.abs(pred - r.durations) / r.durations)), 4)
+        speed[r.label] = round(float(r.durations.sum() / pred.sum()), 3)  # >1: the machine ran slower
     return {"model": model.to_dict(), "describe": model.describe(), "rows": rows,
-            "per_step_median_error": per_step}, fit_runs, held
+            "engine_measured_at": {"git_commit": model.meta.get("git_commit"),
+                                   "machine": model.meta.get("machine")},
+            "per_step_median_error": per_step, "speed_ratio": speed}, fit_runs, held
 
 
 def write_md(out: Path, res: dict) -> None:
@@ -109,7 +112,12 @@ def write_md(out: Path, res: dict) -> None:
                   f"Goal: under 60 s on one core.", ""]
     cal_res = res.get("calibration")
     if cal_res:
+        at = cal_res.get("engine_measured_at") or {}
+        am = at.get("machine") or {}
         lines += ["## Calibration: predicted vs measured engine percentiles", "",
+                  f"Engine runs measured at commit {at.get('git_commit')} on {am.get('cpu')} "
+                  f"({am.get('logical_cpus')} logical CPUs, load average {am.get('load_average_1min')}, "
+                  f"{am.get('date')}), one thread.", "",
                   f"Step model fitted on the probe and the fit runs: {cal_res['describe']}.", "",
                   "| set | workload | req/s | chunk | TTFT p50 err | TTFT p95 err | TPOT p50 err | TPOT p95 err "
                   "| worst |", "|---|---|---|---|---|---|---|---|---|"]
@@ -124,6 +132,9 @@ def write_md(out: Path, res: dict) -> None:
                   f"worst held-out error {worst:.1%}.", "",
                   "Median per-step error of the fitted model, per run: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in cal_res["per_step_median_error"].items()) + ".", "",
+                  "Measured over fitted step time, per run (how much slower or faster the machine ran "
+                  "than the fit's average): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cal_res.get("speed_ratio", {}).items()) + ".", "",
                   "Where it misses: the engine here shares two cores with other work, so a step's time "
                   "varies from run to run by more than the model's terms explain; a fit on one minute "
                   "predicts the next minute only as well as the machine repeats itself (the per-step "
@@ -162,8 +173,8 @@ def main(argv=None) -> int:
                 RUNS_PATH.parent.mkdir(parents=True, exist_ok=True)
                 RUNS_PATH.write_text(json.dumps({"fit": [r.to_dict() for r in fit_runs],
                                                  "held_out": [r.to_dict() for r in held]}) + "\n")
-                model = cal.step_model_from_dict(res["calibration"]["model"])
-                cal.save_step_model(model)
+            if not a.quick:  # the fitted model the CLI's check uses
+                cal.save_step_model(cal.step_model_from_dict(res["calibration"]["model"]))
     res["machine"] = machine.describe(threads=1)
     if a.quick is False and out == ROOT / "benchmarks" / "results" and a.speed_only:
         old = out / "sim.json"

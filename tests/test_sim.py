@@ -290,3 +290,18 @@ def test_disaggregated_pools_keep_streams_smooth():
     assert np.all(dis.result.finish_s > dis.result.first_token_s)
     assert dis.transfer_s[8] == pytest.approx(2000 * 131072 / 50e9)
     assert set(dis.summary()) >= {"prefill_utilisation", "decode_utilisation", "ttft_p95"}
+
+
+def test_jitter_is_reproducible_and_keeps_the_mean():
+    rng = np.random.default_rng(0)
+    shapes = [StepShape(int(p), 4, 400, 0.0, int(p > 0), 0) for p in rng.integers(0, 300, 300)]
+    y = [0.002 + 1e-5 * s.prefill_tokens + 0.004 * (rng.random() < 0.1) for s in shapes]  # stalls
+    m = fit_linear(shapes, y, features=("prefill_tokens",), jitter=True)
+    assert m.noisy and len(m.noise) == 201
+    tr = _trace(n=100)
+    a = simulate(tr, m, ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096))
+    b = simulate(tr, m, ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096))
+    np.testing.assert_array_equal(a.finish_s, b.finish_s)
+    quiet = simulate(tr, m.without_noise(), ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096))
+    assert a.busy_s == pytest.approx(quiet.busy_s, rel=0.1)
+    assert step_model_from_dict(json.loads(json.dumps(m.to_dict()))).noise == m.noise

@@ -156,6 +156,8 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
     dec_run = step_model.decode_run_s
     steps_to_reach = step_model.steps_to_reach
     step_at = step_model.decode_step_at
+    noisy = step_model.noisy
+    step_model.reset_noise()
 
     # ---- per-request state ----------------------------------------------
     tokens = prompt[:]            # prompt + generated (for decoders: at the time decoding (re)started)
@@ -470,7 +472,7 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
 
         # ---- run: one mixed step, or a whole run of pure decode steps --------
         R = n_dec
-        if not chunks and not preempted_now:
+        if not chunks and not preempted_now and not noisy:
             while finish_heap and finish_heap[0][1] != version[finish_heap[0][2]]:
                 heapq.heappop(finish_heap)
             k = finish_heap[0][0] - D

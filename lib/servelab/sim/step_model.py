@@ -64,9 +64,17 @@ def _line_sum(alpha: float, beta: float, k0: float, rows: int, i0: int, i1: int)
 
 
 class StepModel:
-    """Seconds per step. Subclasses give :meth:`step_s` and :meth:`decode_lines`."""
+    """Seconds per step. Subclasses give :meth:`step_s` and :meth:`decode_lines`.
+
+    A *noisy* model (random jitter per step) makes the simulator take every step
+    one at a time instead of summing decode runs in closed form.
+    """
 
     overhead_s: float = 0.0
+    noisy: bool = False
+
+    def reset_noise(self) -> None:
+        """Restart any random stream (deterministic runs)."""
 
     def step_s(self, shape: StepShape) -> float:
         raise NotImplementedError
@@ -162,27 +170,54 @@ class LinearStepModel(StepModel):
     e_pairs: float = 0.0
     f_chunks: float = 0.0
     meta: dict = field(default_factory=dict)
+    #: Jitter: quantiles of the measured steps' residuals (seconds, measured - fitted). When given,
+    #: each step adds a residual drawn from them (the machine's noise: a shared CPU stalls).
+    noise: tuple = ()
+    noise_seed: int = 0
 
     def __post_init__(self):
         for name in ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"LinearStepModel.{name} must be a finite number >= 0, got {v!r}")
+        self.noise = tuple(float(x) for x in self.noise)
+        self.reset_noise()
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.noise)
+
+    def reset_noise(self) -> None:
+        """Restart the jitter's random stream (the simulator calls it at the start of a run)."""
+        self.__dict__["_rng"] = np.random.default_rng(self.noise_seed) if self.noise else None
+        self.__dict__["_q"] = np.array(self.noise) if self.noise else None
+
+    def _jitter(self, base: float) -> float:
+        q = self.__dict__["_q"]
+        u = self.__dict__["_rng"].random() * (len(q) - 1)
+        k = int(u)
+        e = q[k] + (q[min(k + 1, len(q) - 1)] - q[k]) * (u - k)
+        return max(base + e, 0.2 * base)
+
+    def without_noise(self) -> "LinearStepModel":
+        return LinearStepModel(*self.coefficients, meta=dict(self.meta))
 
     @property
     def coefficients(self) -> tuple:
         return (self.a, self.b_prefill, self.c_decode, self.d_context, self.e_pairs, self.f_chunks)
 
     def step_s(self, shape: StepShape) -> float:
-        return (self.a + self.b_prefill * shape.prefill_tokens + self.c_decode * shape.decode_rows
+        base = (self.a + self.b_prefill * shape.prefill_tokens + self.c_decode * shape.decode_rows
                 + self.d_context * shape.decode_context + self.e_pairs * shape.prefill_pairs
                 + self.f_chunks * shape.prefill_seqs)
+        return self._jitter(base) if self.noise else base
 
     def decode_lines(self, rows):
         return [(self.a + self.c_decode * rows, self.d_context)]
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["noise"] = list(self.noise)
         d["kind"] = "linear"
         return d
 
@@ -268,13 +303,18 @@ def step_model_from_dict(d: dict) -> StepModel:
     raise ValueError(f"unknown step model kind {kind!r}; expected 'linear' or 'roofline'")
 
 
-def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None) -> LinearStepModel:
+def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
+               weighting: str = "time", jitter: bool = False) -> LinearStepModel:
     """Least squares with every coefficient >= 0 (an exact search over active sets).
 
     ``shapes``: :class:`StepShape` per step; ``durations``: seconds per step.
     ``features``: which terms to fit (the others are 0); the constant is always
-    kept. Relative error is minimised (each row weighted by 1/duration), so
-    short decode steps count as much as long prefills.
+    kept. ``weighting="time"`` (default) minimises the squared error in seconds,
+    so the fitted steps add up to the measured time (what a queue feels);
+    ``"relative"`` weights each row by 1/duration (short decode steps count as
+    much as long prefills, but the fit then runs low on noisy data).
+    ``jitter``: keep the residuals' quantiles as the model's noise (see
+    :class:`LinearStepModel`).
     """
     shapes = list(shapes)
     y = np.asarray(durations, dtype=float)
@@ -290,7 +330,9 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None) -
         raise ValueError(f"unknown features {sorted(unknown)}; choose from {FEATURES}")
     X = np.array([s.features() for s in shapes], dtype=float)
     cols = [i for i, name in enumerate(FEATURES) if name in features or i == 0]
-    w = 1.0 / y
+    if weighting not in ("time", "relative"):
+        raise ValueError(f"weighting must be 'time' or 'relative', got {weighting!r}")
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
     Xw = (X / scale) * w[:, None]
     yw = y * w
@@ -311,5 +353,7 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None) -
         raise ValueError("no non-negative fit exists (the constant alone came out negative)")
     info = dict(meta or {})
     pred = X @ best
-    info.update(n_steps=int(len(y)), median_abs_rel_err=float(np.median(np.abs(pred - y) / y)))
-    return LinearStepModel(*[float(c) for c in best], meta=info)
+    info.update(n_steps=int(len(y)), median_abs_rel_err=float(np.median(np.abs(pred - y) / y)),
+                weighting=weighting)
+    noise = tuple(np.quantile(y - pred, np.linspace(0, 1, 201)).tolist()) if jitter else ()
+    return LinearStepModel(*[float(c) for c in best], meta=info, noise=noise)
