@@ -44,6 +44,8 @@ __all__ = [
     "SpecStats",
     "SpecResult",
     "speculative_generate",
+    "code_windows",
+    "edit_prompt",
 ]
 
 _METHODS = ("draft_model", "ngram")
@@ -360,6 +362,39 @@ class DraftModelProposer:
         return tokens, torch.stack(rows)
 
 
+# ---------------------------------------------------------------- workloads
+
+COPY_MARKER = "\n# ---- the same code again, unchanged ----\n"
+
+
+def code_windows(n: int, chars: int) -> list[str]:
+    """``n`` windows of about ``chars`` characters of held-out ("val") corpus code,
+    cut at line starts, from different parts of the files."""
+    from servelab import corpus
+    out: list[str] = []
+    for _, _, text in corpus.load_documents("val", "code"):
+        lines, start = text.splitlines(keepends=True), 0
+        while start < len(lines) and len(out) < n:
+            chunk, size = [], 0
+            while start < len(lines) and size < chars:
+                chunk.append(lines[start])
+                size += len(lines[start])
+                start += 1
+            window = "".join(chunk)
+            if window.strip() and window.count("\n") >= 4:
+                out.append(window)
+            start += 40
+        if len(out) >= n:
+            break
+    return out
+
+
+def edit_prompt(window: str) -> str:
+    """A prompt whose answer repeats it: the code, a comment saying it comes again,
+    and its first line (what prompt lookup feeds on)."""
+    return window + COPY_MARKER + window.splitlines(keepends=True)[0]
+
+
 # ---------------------------------------------------------------- the batch-of-one loop
 
 @dataclass
@@ -379,6 +414,7 @@ class SpecStats:
     accepted_at: list[int] = field(default_factory=list)  # rounds that accepted draft position i
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     proposal_lengths: list[int] = field(default_factory=list)  # drafts offered in each round
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
@@ -463,8 +499,10 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
     stats = SpecStats()
     proposer.reset()
     with torch.inference_mode():
+        t0 = time.perf_counter()
         if len(prompt_ids) > 1:
             target(torch.tensor([prompt_ids[:-1]], device=device), cache=cache)
+        stats.prefill_seconds = time.perf_counter() - t0
         context = list(prompt_ids)
         out: list[int] = []
         finish, reason, text = "length", None, ""

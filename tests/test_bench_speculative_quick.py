@@ -1,0 +1,20 @@
+"""bench_speculative --quick runs end to end and writes its report (a smoke run, no timing asserted)."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_writes_results(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_speculative", ROOT / "benchmarks" / "bench_speculative.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "speculative.json").read_text())
+    assert set(res["workloads"]) == {"edit_ngram", "code_ngram", "code_draft", "edit_draft"}
+    for sweep in res["workloads"].values():
+        for row in sweep:
+            assert row["tokens_per_pass"] >= 1 and 0 <= row["acceptance_rate"] <= 1
+            assert row["speedup"] > 0 and row["predicted_speedup"] > 0
+    assert "| edit_ngram |" in (tmp_path / "speculative.md").read_text()
