@@ -198,7 +198,8 @@ def main(argv=None) -> int:
             s = asyncio.run(loadgen.run_load(server.url, batch, model="servelab-main", rate=rate, seed=i,
                                              progress=False, timeout_s=300))
             if s["failed"]:
-                raise RuntimeError(f"rate {rate:.1f}/s: {s['failed']} requests failed")
+                bad = [r["error"] for r in s["requests"] if r["error"]][:3]
+                raise RuntimeError(f"rate {rate:.1f}/s: {s['failed']} requests failed: {bad}")
             sweep.append({"fraction_of_saturation": frac, "offered_rps": rate, **summarize_load(s)})
         base = sweep[0]["ttft_s"]["p50"]
         knee = None

@@ -451,17 +451,26 @@ def test_an_engine_failure_ends_its_requests_and_the_server_goes_on(server):
 def test_non_streamed_client_that_leaves_is_aborted(server):
     srv, engine = server
     loop = srv.app.state.engine_loop
+    real = engine.sampler
+
+    def slow(logits, seqs):  # 200 tokens now take seconds: the client leaves long before
+        time.sleep(0.02)
+        return real(logits, seqs)
 
     async def go():
         async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as c:
             task = asyncio.create_task(c.post("/v1/completions", json=body(max_tokens=200, ignore_eos=True)))
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.5)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
     n = len(loop.abort_log)
-    asyncio.run(go())
-    assert wait_until(lambda: len(loop.abort_log) > n or idle(engine, loop))
+    engine.sampler = slow
+    try:
+        asyncio.run(go())
+        assert wait_until(lambda: len(loop.abort_log) > n)
+    finally:
+        engine.sampler = real
     assert wait_until(lambda: idle(engine, loop))
     assert engine.scheduler.kv.allocator.num_used == 0

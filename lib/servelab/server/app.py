@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -62,6 +63,45 @@ def _timings(req_t: dict, out) -> dict:
                  token_times=list(m.token_times), num_preemptions=m.num_preemptions)
     t["sent"] = time.perf_counter()
     return t
+
+
+class _Dispatcher:
+    """Hands the engine thread's events to the event loop with one wake-up per batch.
+
+    Every engine step produces an event per running request; waking the event loop
+    for each (a pipe write per call) would cost more than the step on a small model.
+    Events wait in a list, and only the first of a batch schedules a flush.
+    """
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list = []
+        self.scheduled = False
+
+    def post(self, q, event) -> None:
+        with self.lock:
+            self.pending.append((q, event))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self.lock:
+            items, self.pending, self.scheduled = self.pending, [], False
+        for q, event in items:
+            q.put_nowait(event)
+
+
+_DISPATCHERS: dict = {}
+
+
+def _dispatcher(loop) -> _Dispatcher:
+    d = _DISPATCHERS.get(id(loop))
+    if d is None or d.loop is not loop:
+        d = _DISPATCHERS[id(loop)] = _Dispatcher(loop)
+    return d
 
 
 def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bool = True):
@@ -151,11 +191,11 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                                 f"{settings.retry_after_s} s", code="rate_limit_exceeded",
                            headers={"Retry-After": str(settings.retry_after_s)})
         req_t = {"received": received, "tokenized": time.perf_counter()}
-        aloop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        post = _dispatcher(asyncio.get_running_loop()).post
 
         def sink(event: Event):
-            aloop.call_soon_threadsafe(q.put_nowait, event)
+            post(q, event)
 
         def submit():
             req_t["submitted"] = time.perf_counter()
@@ -188,6 +228,8 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         try:
             while True:
                 ev: Event = await q.get()
+                while not q.empty() and ev.kind != "error":  # the client fell behind: one chunk
+                    ev = q.get_nowait()                     # for everything new (outputs are cumulative)
                 if ev.kind == "error":
                     done = True
                     metrics.record_rejected(ev.status)
@@ -198,12 +240,13 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                 n_tok = len(out.token_ids)
                 lp = _lp(req, out, sent_tokens, n_tok, sent_chars)
                 finish = out.finish_reason if out.finished else None
-                if out.delta_text or first or finish or lp:
-                    yield sse(protocol.chunk(req, out.delta_text, finish, lp, first=first,
+                delta = out.text[sent_chars:]
+                if delta or first or finish or lp:
+                    yield sse(protocol.chunk(req, delta, finish, lp, first=first,
                                              stop_reason=out.outputs[0].stop_reason if finish else None))
                     first = False
                 sent_tokens = n_tok
-                sent_chars += len(out.delta_text)
+                sent_chars += len(delta)
                 if out.finished:
                     done = True
                     if req.include_usage or req.return_timings:
@@ -220,13 +263,19 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     async def _complete(request, req, q, submit, req_t):
         submit()
         done = False
+        poll = settings.nondisconnect_poll_s
+        checked = time.monotonic()
         try:
             while True:
                 try:
-                    ev: Event = await asyncio.wait_for(q.get(), settings.nondisconnect_poll_s)
+                    ev: Event | None = await asyncio.wait_for(q.get(), poll)
                 except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - checked >= poll:  # tokens may flow faster than the poll
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         return JSONResponse(error_body("client disconnected", 400), status_code=400)
+                if ev is None:
                     continue
                 if ev.kind == "error":
                     done = True
