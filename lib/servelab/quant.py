@@ -300,6 +300,15 @@ def _int4pack_source_index(n: int, k: int) -> torch.Tensor:
     return source
 
 
+@functools.lru_cache(maxsize=32)
+def _int4pack_gather_index(n: int, k: int) -> torch.Tensor:
+    """The inverse of :func:`_int4pack_source_index`: for each ``[n, k]`` weight, its nibble (int32)."""
+    source = _int4pack_source_index(n, k)
+    inverse = torch.empty_like(source)
+    inverse[source] = torch.arange(source.numel())
+    return inverse.to(torch.int32)
+
+
 class QuantizedLinear(nn.Module):
     """A linear layer whose weight is stored packed in a low-bit format.
 
@@ -371,9 +380,10 @@ class QuantizedLinear(nn.Module):
             return (self.codes.float() * self.scales.float()[:, None]).to(dtype)
         if self.kernel == "int4pack":
             g = self.format.group
-            scale = self.scales[..., 0].transpose(0, 1).float()   # [n, k/g]
-            codes = self._unpack_int4().float().view(n, k // g, g)
-            return (codes * scale[..., None]).view(n, k).to(dtype)
+            scale = self.scales[..., 0].transpose(0, 1)   # [n, k/g], bf16
+            work = torch.float32 if dtype == torch.float32 else torch.bfloat16   # code x bf16 scale: exact in either
+            codes = self._unpack_int4().view(n, k // g, g).to(work)
+            return (codes * scale.to(work)[..., None]).view(n, k).to(dtype)
         q = {"scheme": self.scheme, "codes": unpack_nibbles(self.codes), "scales": self.scales}
         if self.scheme == "nvfp4":
             q["tensor_scale"] = self.tensor_scale[0]
@@ -382,10 +392,8 @@ class QuantizedLinear(nn.Module):
     def _unpack_int4(self) -> torch.Tensor:
         """Signed codes -8..7 ``[out, in]`` read back from the kernel's packed layout."""
         n, k = self.out_features, self.in_features
-        source = _int4pack_source_index(n, k)
-        flat = torch.empty(n * k, dtype=torch.int8)
-        flat[source] = unpack_nibbles(self.codes).reshape(-1).to(torch.int8)
-        return (flat + INT4_MIN).view(n, k)
+        nibbles = unpack_nibbles(self.codes).reshape(-1)
+        return (nibbles.index_select(0, _int4pack_gather_index(n, k)).to(torch.int8) + INT4_MIN).view(n, k)
 
     # -- forward ----------------------------------------------------------
     def path(self, rows: int, dtype: torch.dtype) -> str:
