@@ -110,3 +110,13 @@ def test_comm_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, servelab.comm; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_links_agree_with_sources_and_chip_specs():
+    from servelab import sources, specs
+    assert comm.get_link("NVLink H100").bandwidth == specs.get_chip("H100").interconnect_bandwidth \
+        == sources.value("nvlink4_bandwidth")
+    nvl = comm.get_link("GB200 NVL72")
+    assert nvl.bandwidth == specs.get_chip("B200").interconnect_bandwidth == sources.value("nvlink5_bandwidth")
+    assert nvl.aggregate_bandwidth == sources.value("nvl72_nvlink_bandwidth")
+    assert nvl.chips == sources.value("nvl72_gpus")

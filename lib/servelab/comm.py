@@ -26,6 +26,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Mapping
 
+from servelab import sources
 from servelab.specs import GB, TB, ModelConfig, get_model
 
 __all__ = [
@@ -62,6 +63,10 @@ class Link:
     the link is a network that scales out without a fixed domain).
     ``aggregate_bandwidth`` is the vendor's combined figure for the domain,
     when one is published.
+
+    NVIDIA's NVLink figures count both directions (900 GB/s per H100 is about
+    450 GB/s each way); the running example's figures, and this registry, charge
+    bytes against the headline figure. Halve it for a one-way estimate.
     """
 
     name: str
@@ -88,23 +93,27 @@ def _register(link: Link) -> Link:
     return link
 
 
+def _cited(key: str) -> str:
+    src = sources.get(key)
+    return f"{src.title}: {src.what}: {src.url}"
+
+
+# Published NVLink and NVL72 figures come from servelab.sources, so the references
+# appendix and these links cannot drift apart.
 NVLINK_H100 = _register(Link(
-    name="NVLink H100", bandwidth=900 * GB, latency_s=NVLINK_LATENCY_S, chips=8,
-    source="NVIDIA H100 Tensor Core GPU datasheet: NVLink 900 GB/s per GPU (SXM5): "
-           "https://www.nvidia.com/en-us/data-center/h100/"))
+    name="NVLink H100", bandwidth=sources.value("nvlink4_bandwidth"), latency_s=NVLINK_LATENCY_S, chips=8,
+    source=_cited("nvlink4_bandwidth")))
 
 HGX_H100_8 = _register(Link(
-    name="HGX H100 8-GPU", bandwidth=900 * GB, latency_s=NVLINK_LATENCY_S, chips=8,
-    aggregate_bandwidth=7.2 * TB,
+    name="HGX H100 8-GPU", bandwidth=sources.value("nvlink4_bandwidth"), latency_s=NVLINK_LATENCY_S,
+    chips=8, aggregate_bandwidth=7.2 * TB,
     source="NVIDIA HGX H100 8-GPU: eight H100 SXM on four NVSwitches, 900 GB/s per GPU, "
            "7.2 TB/s total: https://www.nvidia.com/en-us/data-center/hgx/"))
 
 GB200_NVL72 = _register(Link(
-    name="GB200 NVL72", bandwidth=1.8 * TB, latency_s=NVLINK_LATENCY_S, chips=72,
-    aggregate_bandwidth=130 * TB,
-    source="NVIDIA GB200 NVL72: 72 Blackwell GPUs in one NVLink domain, fifth-generation "
-           "NVLink 1.8 TB/s per GPU, 130 TB/s combined: "
-           "https://www.nvidia.com/en-us/data-center/gb200-nvl72/"))
+    name="GB200 NVL72", bandwidth=sources.value("nvlink5_bandwidth"), latency_s=NVLINK_LATENCY_S,
+    chips=int(sources.value("nvl72_gpus")), aggregate_bandwidth=sources.value("nvl72_nvlink_bandwidth"),
+    source=_cited("nvl72_nvlink_bandwidth") + "; per GPU: " + _cited("nvlink5_bandwidth")))
 
 NETWORK_400G = _register(Link(
     name="400G network", bandwidth=50 * GB, latency_s=NETWORK_LATENCY_S, chips=0,
