@@ -1,0 +1,435 @@
+"""Kernels: what happens between the big matrix products, counted and measured.
+
+A decode step is a few large matrix products and many small operations around
+them (norms, residual adds, activations, rotations, sampling). This module
+makes the costs of the small ones concrete:
+
+* **Fusion** (:data:`SEQUENCES`, :func:`bytes_moved`, :func:`fusion_measurement`):
+  each unfused element-wise operation reads its inputs from memory and writes
+  its output back; a fused kernel reads the original inputs once and writes
+  only what is needed afterwards. RMSNorm with its residual add, and SwiGLU,
+  counted and timed eager vs ``torch.compile``.
+* **Per-op overhead** (:func:`op_overhead_seconds`, :func:`count_ops`,
+  :func:`step_overhead`): the fixed cost of launching one operation, the
+  number of operations in a decode step, and the share of the step they take.
+  :func:`compile_step` times the same step eager and under ``torch.compile``
+  (the CPU analogue of CUDA graphs: fewer, larger launches), compile time included.
+* **FlashAttention's tiling** (:func:`flash_attention`, :func:`tile_bytes`):
+  queries *and* keys in blocks, the real kernel's loop nest, equal to naive
+  attention, with the bytes of the largest live tile next to an H100 SM's
+  on-chip memory (:data:`H100_SMEM_PER_SM`).
+* **Overlap** (:func:`overlap_measurement`): two independent jobs (a matrix
+  product and a memory copy standing in for communication) run one after the
+  other and side by side; the time saved is the overlap.
+
+Every timing function takes ``device=`` ("cpu" by default; "cuda" when a GPU is
+present, synchronising around each timed call).
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "Op", "SEQUENCES", "bytes_moved", "rmsnorm_residual", "swiglu", "fusion_measurement",
+    "op_overhead_seconds", "count_ops", "step_overhead", "compile_step",
+    "flash_attention", "tile_bytes", "H100_SMEM_PER_SM", "H100_L1_SMEM_PER_SM", "H100_REGISTERS_PER_SM",
+    "H100_SMS", "overlap_measurement", "time_call",
+]
+
+# ---------------------------------------------------------------- on-chip memory (public figures)
+
+#: NVIDIA H100 SXM5: 132 streaming multiprocessors (SMs). Source: NVIDIA H100 Tensor Core GPU
+#: Architecture whitepaper (2022), "H100 SXM5 ... 132 SMs".
+H100_SMS = 132
+#: Combined L1 cache / shared memory per SM: 256 KB. Source: the same whitepaper and NVIDIA's
+#: Hopper Tuning Guide ("the combined L1 cache and shared memory capacity of 256 KB per SM").
+H100_L1_SMEM_PER_SM = 256 * 1024
+#: Shared memory one SM can give its thread blocks: up to 228 KB (227 KB usable by one block).
+#: Source: NVIDIA Hopper Tuning Guide, section "Unified Shared Memory/L1/Texture Cache".
+H100_SMEM_PER_SM = 228 * 1024
+#: Register file per SM: 65,536 32-bit registers = 256 KB. Source: the H100 whitepaper's SM table.
+H100_REGISTERS_PER_SM = 256 * 1024
+
+
+def _sync(device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _check_device(device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no GPU is visible; use device='cpu'")
+    return dev
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device="cpu",
+              statistic: str = "min") -> float:
+    """Seconds one call of ``fn`` takes: the minimum (default) or median of ``repeats`` calls."""
+    if statistic not in ("min", "median"):
+        raise ValueError(f"statistic must be 'min' or 'median', got {statistic!r}")
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times) if statistic == "min" else statistics.median(times)
+
+
+# ---------------------------------------------------------------- fusion: bytes
+
+@dataclass(frozen=True)
+class Op:
+    """One element-wise kernel: how many full-size tensors it reads and writes."""
+
+    name: str
+    reads: int
+    writes: int
+
+
+#: Each sequence as eager PyTorch runs it (one kernel per op), and as a fused kernel would:
+#: ``fused_reads``/``fused_writes`` count the tensors a single kernel must touch (its inputs,
+#: and the outputs used later). Sizes are in full tensors of the activation's shape; the
+#: norm's weight vector and per-row statistics are ignored (one number per row or column).
+SEQUENCES: dict[str, dict[str, Any]] = {
+    "rmsnorm_residual": {
+        "ops": (Op("h = x + residual", 2, 1), Op("h * h", 1, 1), Op("mean over the row", 1, 0),
+                Op("h * rsqrt(mean + eps)", 1, 1), Op("* weight", 1, 1)),
+        "fused_reads": 2, "fused_writes": 2,   # reads x and residual; writes h (the new residual) and y
+    },
+    "swiglu": {
+        "ops": (Op("silu(gate)", 1, 1), Op("silu(gate) * up", 2, 1)),
+        "fused_reads": 2, "fused_writes": 1,
+    },
+}
+
+
+def bytes_moved(sequence: str | Sequence[Op], numel: int, bytes_per_element: float = 4,
+                fused: bool = False, fused_reads: int | None = None, fused_writes: int | None = None) -> float:
+    """Bytes a sequence of element-wise ops moves to and from memory for tensors of ``numel`` elements.
+
+    ``sequence`` is a :data:`SEQUENCES` name or a list of :class:`Op`. Unfused,
+    every op reads and writes full tensors; fused (``fused=True``), only the
+    sequence's own inputs are read and its kept outputs written.
+    """
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel must be a whole number >= 0, got {numel!r}")
+    if not bytes_per_element > 0:
+        raise ValueError(f"bytes_per_element must be positive, got {bytes_per_element!r}")
+    if isinstance(sequence, str):
+        if sequence not in SEQUENCES:
+            raise ValueError(f"unknown sequence {sequence!r}; choose from {sorted(SEQUENCES)} or pass Ops")
+        spec = SEQUENCES[sequence]
+        ops = spec["ops"]
+        fused_reads = spec["fused_reads"] if fused_reads is None else fused_reads
+        fused_writes = spec["fused_writes"] if fused_writes is None else fused_writes
+    else:
+        ops = tuple(sequence)
+    if fused:
+        if fused_reads is None or fused_writes is None:
+            raise ValueError("a custom sequence needs fused_reads and fused_writes to count its fused form")
+        tensors = fused_reads + fused_writes
+    else:
+        tensors = sum(op.reads + op.writes for op in ops)
+    return tensors * numel * bytes_per_element
+
+
+# ---------------------------------------------------------------- fusion: the functions and their timing
+
+def rmsnorm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
+    """``h = x + residual; y = h / rms(h) * weight``, written as separate ops (eager: one kernel each).
+
+    Returns ``(y, h)``: the normalised input of the next sub-layer and the new residual stream.
+    """
+    h = x + residual
+    ms = (h * h).mean(-1, keepdim=True)
+    return h * torch.rsqrt(ms + eps) * weight, h
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: the element-wise middle of a SwiGLU MLP."""
+    return F.silu(gate) * up
+
+
+def _fusion_inputs(kind: str, rows: int, width: int, device, dtype):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    mk = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    if kind == "rmsnorm_residual":
+        return rmsnorm_residual, (mk(rows, width), mk(rows, width), mk(width))
+    if kind == "swiglu":
+        return swiglu, (mk(rows, width), mk(rows, width))
+    raise ValueError(f"unknown sequence {kind!r}; choose from {sorted(SEQUENCES)}")
+
+
+def fusion_measurement(kind: str = "swiglu", rows: int = 256, width: int = 8192, repeats: int = 10,
+                       device="cpu", dtype=torch.float32, compile: bool = True) -> dict[str, Any]:
+    """Eager (one kernel per op) against ``torch.compile`` (one generated loop) on one sequence.
+
+    Tensors are ``rows x width`` (default 2M elements, 8 MB in fp32: beyond
+    most caches per op). Returns times, bytes each version moves by
+    :func:`bytes_moved`, effective GB/s, the compile time, and whether the
+    two results agree.
+    """
+    dev = _check_device(device)
+    fn, args = _fusion_inputs(kind, rows, width, dev, dtype)
+    numel = rows * width
+    elem = torch.empty((), dtype=dtype).element_size()
+    with torch.inference_mode():
+        eager_s = time_call(lambda: fn(*args), repeats, device=dev)
+        out = {"kind": kind, "numel": numel, "dtype": str(dtype).replace("torch.", ""),
+               "eager_s": eager_s, "unfused_bytes": bytes_moved(kind, numel, elem),
+               "fused_bytes": bytes_moved(kind, numel, elem, fused=True)}
+        out["eager_GB_per_s"] = out["unfused_bytes"] / eager_s / 1e9
+        if compile:
+            compiled = torch.compile(fn, dynamic=False)
+            t0 = time.perf_counter()
+            result = compiled(*args)
+            _sync(dev)
+            out["compile_s"] = time.perf_counter() - t0
+            fused_s = time_call(lambda: compiled(*args), repeats, device=dev)
+            ref = fn(*args)
+            pairs = zip(result, ref) if isinstance(ref, tuple) else [(result, ref)]
+            out["agree"] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
+            out["fused_s"] = fused_s
+            out["fused_GB_per_s"] = out["fused_bytes"] / fused_s / 1e9
+            out["speedup"] = eager_s / fused_s
+    return out
+
+
+# ---------------------------------------------------------------- per-op overhead
+
+def op_overhead_seconds(repeats: int = 2000, device="cpu") -> float:
+    """Time of one trivial op (adding 1 to a one-element tensor): the fixed cost per launched op.
+
+    Median over batches of ``repeats / 20`` calls, so one stall does not set it.
+    """
+    dev = _check_device(device)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 20:
+        raise ValueError(f"repeats must be a whole number >= 20, got {repeats!r}")
+    x = torch.zeros(1, device=dev)
+    per_batch = repeats // 20
+    samples = []
+    with torch.inference_mode():
+        x.add_(1)
+        for _ in range(20):
+            _sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(per_batch):
+                x.add_(1)
+            _sync(dev)
+            samples.append((time.perf_counter() - t0) / per_batch)
+    return statistics.median(samples)
+
+
+def count_ops(fn: Callable[[], Any]) -> Counter:
+    """Every ATen operation ``fn()`` dispatches, counted by name (views and copies included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Counter():
+        fn()
+    return counts
+
+
+def _decode_step(model, batch: int = 1, context: int = 16):
+    g = torch.Generator().manual_seed(0)
+    cache = model.new_cache(batch_size=batch, max_len=context + 1)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.advance(context)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
+
+    def step():
+        with torch.inference_mode():
+            logits = model(ids, cache=cache)
+        cache.crop(context)
+        return logits
+
+    return step
+
+
+def step_overhead(model, batch: int = 1, context: int = 16, repeats: int = 20,
+                  op_seconds: float | None = None) -> dict[str, Any]:
+    """A decode step of ``model``: its op count, its time, and the share the per-op cost explains.
+
+    ``overhead_share = ops x op_seconds / step_seconds`` (capped at 1): the part of the
+    step that would remain with infinitely fast arithmetic and memory.
+    """
+    step = _decode_step(model, batch, context)
+    ops = count_ops(step)
+    n_ops = sum(ops.values())
+    op_s = op_overhead_seconds() if op_seconds is None else op_seconds
+    step_s = time_call(step, repeats)
+    return {"ops": n_ops, "op_seconds": op_s, "step_seconds": step_s,
+            "overhead_share": min(1.0, n_ops * op_s / step_s), "top_ops": ops.most_common(8)}
+
+
+def compile_step(model, batch: int = 1, context: int = 16, repeats: int = 20) -> dict[str, Any]:
+    """The same decode step eager and under ``torch.compile`` (inductor), with the cold compile time.
+
+    The compiled step replaces the model's forward for a fixed shape; a new
+    shape (another batch or context) would compile again.
+    """
+    import copy
+
+    step = _decode_step(model, batch, context)
+    eager_s = time_call(step, repeats)
+    ref = step()
+    compiled_model = copy.deepcopy(model)
+    compiled_model.forward = torch.compile(compiled_model.forward, dynamic=False)
+    cstep = _decode_step(compiled_model, batch, context)
+    t0 = time.perf_counter()
+    out = cstep()
+    compile_s = time.perf_counter() - t0
+    compiled_s = time_call(cstep, repeats)
+    return {"eager_s": eager_s, "compiled_s": compiled_s, "compile_s": compile_s,
+            "speedup": eager_s / compiled_s, "max_abs_diff": (out - ref).abs().max().item(),
+            "steps_to_repay_compile": compile_s / max(eager_s - compiled_s, 1e-12)}
+
+
+# ---------------------------------------------------------------- FlashAttention's tiling
+
+def tile_bytes(block_q: int, block_k: int, head_dim: int, bytes_per_element: float = 2,
+               accumulator_bytes: float = 4) -> dict[str, float]:
+    """On-chip bytes one (query block, key block) step of FlashAttention keeps live.
+
+    The Q tile, the K and V tiles (input precision), the score/probability tile
+    and the output accumulator (``accumulator_bytes``, fp32), plus the running
+    max and sum per query row. This is what one thread block must hold in an
+    SM's shared memory and registers.
+    """
+    for name, v in (("block_q", block_q), ("block_k", block_k), ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {v!r}")
+    parts = {"q": block_q * head_dim * bytes_per_element,
+             "k": block_k * head_dim * bytes_per_element,
+             "v": block_k * head_dim * bytes_per_element,
+             "scores": block_q * block_k * accumulator_bytes,
+             "output": block_q * head_dim * accumulator_bytes,
+             "row_stats": 2 * block_q * accumulator_bytes}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    block_q: int = 64, block_k: int = 64, scale: float | None = None,
+                    return_stats: bool = False):
+    """Attention tiled over queries *and* keys, as the FlashAttention kernel does.
+
+    The outer loop takes a block of ``block_q`` queries (on a GPU: one thread
+    block, its Q tile in shared memory); the inner loop streams blocks of
+    ``block_k`` keys and values past it, keeping the online softmax's running
+    max ``m``, sum ``l`` and output ``acc`` for that query block only. Under a
+    causal mask, key blocks entirely in a query block's future are skipped.
+    Equal to :func:`servelab.attention.naive_attention` (same conventions: the
+    queries are the last ``q_time`` positions). With ``return_stats=True`` also
+    returns the number of (query, key) block pairs computed and skipped and the
+    largest live tile in elements.
+    """
+    from servelab.attention import _expand_for_queries
+
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {b!r}")
+    k, v = _expand_for_queries(q, k, v)
+    q_time, kv_time = q.shape[-2], k.shape[-2]
+    if causal and q_time > kv_time:
+        raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    offset = kv_time - q_time            # query i sits at position offset + i
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    computed = skipped = 0
+    for qs in range(0, q_time, block_q):
+        qb = q[..., qs:qs + block_q, :].float()
+        nq = qb.shape[-2]
+        q_pos = torch.arange(offset + qs, offset + qs + nq, device=q.device)[:, None]
+        m = torch.full((*qb.shape[:-1], 1), float("-inf"), device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
+        last_visible = offset + qs + nq - 1
+        for ks in range(0, kv_time, block_k):
+            if causal and ks > last_visible:
+                skipped += 1
+                continue
+            computed += 1
+            kb, vb = k[..., ks:ks + block_k, :].float(), v[..., ks:ks + block_k, :].float()
+            s = (qb @ kb.transpose(-1, -2)) * scale
+            if causal:
+                k_pos = torch.arange(ks, ks + kb.shape[-2], device=q.device)[None, :]
+                s = s.masked_fill(k_pos > q_pos, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - shift)
+            rescale = torch.exp(m - shift)
+            l = l * rescale + p.sum(-1, keepdim=True)
+            acc = acc * rescale + p @ vb
+            m = m_new
+        out[..., qs:qs + nq, :] = acc / l
+    result = out.to(q.dtype)
+    if return_stats:
+        return result, {"blocks_computed": computed, "blocks_skipped": skipped,
+                        "largest_tile_elements": min(block_q, q_time) * min(block_k, kv_time)}
+    return result
+
+
+# ---------------------------------------------------------------- overlap
+
+def overlap_measurement(n: int = 768, copy_mb: int = 64, repeats: int = 5) -> dict[str, Any]:
+    """A matrix product and an independent memory copy, one after the other vs side by side.
+
+    The copy stands in for communication (an all-reduce's transfer): it needs
+    memory bandwidth, not arithmetic. Side by side, each runs in its own
+    thread (PyTorch releases the GIL inside ops; one intra-op thread each).
+    ``hidden`` is the fraction of the shorter job's time that disappeared:
+    ``(compute + copy - together) / min(compute, copy)``; 1 means fully hidden.
+    Needs two free cores to show overlap; on a loaded machine it shows contention.
+    """
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    src = torch.ones(copy_mb * 250_000)
+    dst = torch.empty_like(src)
+
+    def compute():
+        for _ in range(3):
+            torch.mm(a, b)
+
+    def copy():
+        for _ in range(3):
+            dst.copy_(src)
+
+    def together():
+        t = threading.Thread(target=copy)
+        t.start()
+        compute()
+        t.join()
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = {"compute": [], "copy": [], "together": []}
+        for _ in range(repeats):   # interleaved, so drift hits all three alike
+            for name, fn in (("compute", compute), ("copy", copy), ("together", together)):
+                rows[name].append(time_call(fn, 1, warmup=0))
+    finally:
+        torch.set_num_threads(old)
+    c, x, t = (statistics.median(rows[k]) for k in ("compute", "copy", "together"))
+    return {"compute_s": c, "copy_s": x, "together_s": t, "sum_s": c + x,
+            "hidden": (c + x - t) / min(c, x)}
