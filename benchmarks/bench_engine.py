@@ -423,6 +423,32 @@ def run_part(name: str, quick: bool) -> dict:
     return out
 
 
+def reuse_parts(path, which: str, names, r) -> dict[str, dict]:
+    """Parts of an earlier run (same workload and seats), rebuilt from its engine.json."""
+    old = json.loads(Path(path).read_text())
+    same = lambda x: (x.get("requests"), x.get("seats"), x.get("model"), x.get("quick"),  # noqa: E731
+                      x["workload"]["prompt_tokens"], x["workload"]["output_tokens"])
+    for key, a, b in zip(("requests", "seats", "model", "quick", "prompt tokens", "output tokens"),
+                         same(old), same(r)):
+        if a != b:
+            raise ValueError(f"--reuse {path}: its {key!r} differs from this run's; rerun every part")
+    out = {}
+    for name in [w.strip() for w in which.split(",") if w.strip()]:
+        if name not in names:
+            raise ValueError(f"--reuse-parts: unknown part {name!r}; parts are {names}")
+        if name != "transformers" and not name.startswith("sweep:"):
+            raise ValueError(f"--reuse-parts: only transformers and sweep:N can be reused, not {name!r}")
+        info = dict(old["parts"][name], reused_from=f"{path} ({old['machine']['date']})")
+        if name == "transformers":
+            info["transformers"] = old["transformers"]
+        elif name.startswith("sweep:"):
+            info["row"] = next(x for x in old["seat_sweep"] if x["seats"] == int(name.split(":")[1]))
+            if info["row"]["seats"] == r["seats"]:
+                info["kv_memory"] = old["kv_memory"]
+        out[name] = info
+    return out
+
+
 def run_parts(names, quick: bool, jobs: int, log) -> dict[str, dict]:
     """Every part, ``jobs`` worker processes at a time (1: all in this process, in order)."""
     if jobs <= 1:
@@ -465,6 +491,11 @@ def main(argv=None):
                     help="also compare continuous and padded static waves in the same tight KV pool")
     ap.add_argument("--jobs", type=int, default=1,
                     help="run the independent parts in this many processes at once (default 1)")
+    ap.add_argument("--reuse", metavar="ENGINE_JSON",
+                    help="an earlier full run's engine.json to take the --reuse-parts from")
+    ap.add_argument("--reuse-parts", default="transformers",
+                    help="comma-separated parts taken from --reuse instead of measured (default: "
+                         "transformers, which does not depend on this engine's code)")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -488,9 +519,11 @@ def main(argv=None):
               flush=True)
 
     names = part_names(cfg, args.equal_memory, not args.no_base)
-    parts = run_parts(names, args.quick, args.jobs, log)
-    r["parts"] = {n: {k: parts[n][k] for k in ("seconds", "load_average_1min_start", "load_average_1min_end")}
-                  for n in names}
+    reused = reuse_parts(args.reuse, args.reuse_parts, names, r) if args.reuse else {}
+    parts = run_parts([n for n in names if n not in reused], args.quick, args.jobs, log)
+    parts.update(reused)
+    r["parts"] = {n: {k: parts[n][k] for k in ("seconds", "load_average_1min_start", "load_average_1min_end",
+                                               "reused_from") if k in parts[n]} for n in names}
     r["seat_sweep"] = [parts[f"sweep:{k}"]["row"] for k in cfg["sweep"]]
     headline = parts[f"sweep:{cfg['seats']}"]
     r["kv_memory"] = headline["kv_memory"]
@@ -542,7 +575,9 @@ def report(r) -> str:
         f"{m.get('load_average_1min_end')} at the end, on {m.get('logical_cpus')} logical CPUs shared with "
         f"other work. Whole run: {r['run_seconds']:,} s, its independent parts in {r['jobs']} process(es) "
         f"at once (each builds the same model and workload; ratios compare CPU-seconds): "
-        + ", ".join(f"{n} {v['seconds']} s" for n, v in r["parts"].items()) + ".",
+        + ", ".join(f"{n} {v['seconds']} s" + (f" (taken from an earlier run: {v['reused_from']})"
+                                                 if "reused_from" in v else "")
+                    for n, v in r["parts"].items()) + ".",
         "Command: `.venv/bin/python benchmarks/bench_engine.py" + (" --quick" if r["quick"] else "") + "`", "",
         f"Model: random-weight Llama, d={r['model']['hidden_size']}, {r['model']['num_hidden_layers']} layers, "
         f"{r['model']['num_attention_heads']} query / {r['model']['num_key_value_heads']} KV heads, "

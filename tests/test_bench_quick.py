@@ -66,3 +66,25 @@ def test_bpe_quick(tmp_path):
     r = json.loads((tmp_path / "bpe.json").read_text())
     assert r["quick"] is True and r["encoding"]["identical_to_tiktoken"] is True
     assert "--quick" in (tmp_path / "bpe.md").read_text()
+
+
+def test_engine_reuse_takes_only_code_independent_parts(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_engine as be
+    finally:
+        sys.path.pop(0)
+    run = {"requests": 4, "seats": 2, "model": {"d": 1}, "quick": True,
+           "workload": {"prompt_tokens": 10, "output_tokens": 5}}
+    old = dict(run, machine={"date": "then"}, transformers={"tokens_per_cpu_s": 1.0},
+               parts={"transformers": {"seconds": 3.0}}, seat_sweep=[], kv_memory={})
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(old))
+    got = be.reuse_parts(path, "transformers", ["sweep:2", "transformers"], run)
+    assert got["transformers"]["transformers"] == {"tokens_per_cpu_s": 1.0}
+    assert "then" in got["transformers"]["reused_from"]
+    with pytest.raises(ValueError, match="only transformers"):
+        be.reuse_parts(path, "base", ["base", "transformers"], run)
+    with pytest.raises(ValueError, match="output tokens"):
+        be.reuse_parts(path, "transformers", ["transformers"],
+                       dict(run, workload={"prompt_tokens": 10, "output_tokens": 6}))

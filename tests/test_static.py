@@ -144,3 +144,21 @@ def test_both_variants_give_the_continuous_engines_tokens_on_a_real_model(model)
         eng = cls(ModelRunner(model, 200, 4), cfg, **kw)
         out[name] = run(eng, reqs)
     assert out["padded"] == out["ragged"] == out["continuous"]
+
+
+def test_a_callback_that_aborts_another_member_finishes_it_once():
+    for padded in (True, False):
+        eng = engine(seats=3, padded=padded)
+        finished = []
+
+        def abort_b(out):
+            if out.request_id == "a" and not out.finished:
+                eng.abort_request("b")
+
+        eng.add_request("a", [1, 2], greedy(4), callback=abort_b)
+        eng.add_request("b", [3, 4], greedy(4))
+        eng.add_request("c", [5], greedy(2))
+        while eng.has_unfinished_requests():
+            finished += [o.request_id for o in eng.step() if o.finished]
+        assert sorted(finished) == ["a", "b", "c"]
+        assert eng.scheduler.kv.allocator.num_used == 0

@@ -145,7 +145,7 @@ class StaticScheduler:
                     pad = longest - s.num_prompt_tokens
                     if pad > 0:  # the row's padding: computed, no token sampled from it
                         rows = ScheduledSequence(_PadRows(s, s.num_prompt_tokens, pad), pad)
-                        rows.samples = False
+                        rows.samples, rows.num_logits = False, 0
                         out.scheduled.append(rows)
                         self.num_prompt_padding_tokens += pad
             return out
@@ -218,12 +218,21 @@ class StaticBatchEngine(LLMEngine):
         step = prepare_step(plan)
         logits = self.runner.execute(step)
         sched.commit(plan)
-        sampled = [s for s in plan.scheduled if s.samples]
+        # logits come back one row per item that asks for one, in plan order
+        sampled = [s for s in plan.scheduled if getattr(s, "num_logits", int(s.samples))]
         keep = [i for i, s in enumerate(sampled) if not _is_padding(s)]
         seqs = [sampled[i].seq for i in keep]
         tokens = self.sampler(logits[keep], seqs) if seqs else []
         now = time.perf_counter()
-        outputs = [self._append_token(s, t, now) for s, t in zip(seqs, tokens)]
+        # as in LLMEngine.step: a request aborted by a streaming callback during this
+        # step is reported by the step (through _step_outputs) and gets no further token
+        outputs = self._step_outputs = []
+        try:
+            for s, t in zip(seqs, tokens):
+                if not s.is_finished:
+                    outputs.append(self._append_token(s, t, now))
+        finally:
+            self._step_outputs = None
         self.num_steps += 1
         if self.keep_step_log:
             real = [s for s in plan.scheduled if not _is_padding(s)]
