@@ -19,6 +19,7 @@ rank reads its slices straight from the checkpoint (:func:`load_shard`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -291,15 +292,18 @@ def _worker(rank: int, world_size: int, source: dict, jobs: list[dict]) -> list[
     with torch.no_grad():
         for job in jobs:
             before = comm_counters(model)
+            dist.barrier()
+            t0 = time.perf_counter()
             if job["kind"] == "logits":
                 value = model(job["input_ids"])
             elif job["kind"] == "generate":
                 value = _greedy(model, job["input_ids"], job["max_new_tokens"], job.get("eos"))
             else:
                 raise ValueError(f"unknown job kind {job['kind']!r}")
+            seconds = time.perf_counter() - t0
             after = comm_counters(model)
             traffic = {k: after[k] - before[k] for k in after}
-            results.append({"value": value if rank == 0 else None, "traffic": traffic,
+            results.append({"value": value if rank == 0 else None, "traffic": traffic, "seconds": seconds,
                             "weight_bytes": held,
                             "kv_heads": model.config.num_key_value_heads,
                             "heads": model.config.num_attention_heads})
@@ -323,7 +327,10 @@ def run_tensor_parallel(model_or_path, jobs: list[dict], world_size: int,
     ``model_or_path`` is a :class:`LlamaModel` (its shards are written to a
     temporary folder, one file per rank) or a checkpoint folder (each rank reads
     its own slices). A job is ``{"kind": "logits", "input_ids": ...}`` or
-    ``{"kind": "generate", "input_ids": ..., "max_new_tokens": n}``.
+    ``{"kind": "generate", "input_ids": ..., "max_new_tokens": n}``. Each result
+    holds the job's ``value`` (rank 0 only), its ``traffic`` (all-reduces, gathers
+    and their bytes), ``seconds`` (wall time from a barrier to the job's end) and
+    what the rank holds (``weight_bytes``, ``heads``, ``kv_heads``).
     """
     import tempfile
 
