@@ -305,3 +305,16 @@ def test_jitter_is_reproducible_and_keeps_the_mean():
     quiet = simulate(tr, m.without_noise(), ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096))
     assert a.busy_s == pytest.approx(quiet.busy_s, rel=0.1)
     assert step_model_from_dict(json.loads(json.dumps(m.to_dict()))).noise == m.noise
+
+
+def test_largest_chunk_and_best_split():
+    from servelab.sim.pools import best_split, largest_chunk
+    m = LinearStepModel(a=0.006, b_prefill=70e-6, c_decode=20e-6)
+    c = largest_chunk(0.050, m.a, m.b_prefill, m.c_decode, 32)
+    assert m.step_s(StepShape(c, 32)) <= 0.050 < m.step_s(StepShape(c + 1, 32))
+    with pytest.raises(ValueError, match="no room"):
+        largest_chunk(0.01, 0.006, 70e-6, 1e-4, 64)
+    assert best_split(4, 3.2, 0.8) == 3 and best_split(4, 0.1, 3.3) == 1
+    assert best_split(5, 1.0, 1.0) == 2
+    with pytest.raises(ValueError, match="2 GPUs"):
+        best_split(1, 1.0, 1.0)

@@ -90,3 +90,13 @@ def test_saved_calibration_if_present():
         r = cal.EngineRun.from_dict(data["held_out"][0])
         c = cal.compare(r, model)
         assert all(np.isfinite(v) for v in c.predicted.values())
+
+
+def test_long_prompt_interference_in_the_engine():
+    llm = cal._build_llm(None, ReplicaConfig(max_num_seqs=3, max_num_batched_tokens=1024, num_kv_blocks=256), 0)
+    whole = cal.long_prompt_interference(None, llm=llm, streams=2, stream_tokens=12, long_prompt=300,
+                                         arrive_after=3)
+    chunked = cal.long_prompt_interference(64, llm=llm, streams=2, stream_tokens=12, long_prompt=300,
+                                           arrive_after=3)
+    assert whole["prefill_steps"] == 1 and chunked["prefill_steps"] == 5  # ceil(300 / 64)
+    assert len(whole["gaps"]) == 2 * 11 and whole["ttft_s"] > 0

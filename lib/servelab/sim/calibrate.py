@@ -308,3 +308,54 @@ def calibration_workloads(probe_model, quick: bool = False) -> dict:
             seed = (11 if part == "fit" else 21) + k
             out[part][name] = (synthetic(n, rate, seed=seed, **lengths, **arrivals), cfg)
     return out
+
+
+def long_prompt_interference(chunk: int | None, *, streams: int = 4, stream_tokens: int = 40,
+                             long_prompt: int = 800, arrive_after: int = 8, model_dir=None, llm=None,
+                             seed: int = 0) -> dict:
+    """What a long prompt does to running streams, in the real engine.
+
+    ``streams`` short requests decode; after ``arrive_after`` steps a
+    ``long_prompt``-token request arrives. With ``chunk`` None the whole prompt
+    is one step (the budget is raised to hold it); otherwise it is split into
+    chunks of at most ``chunk`` tokens, each sharing a step with the decodes.
+    Returns the streams' inter-token gaps (seconds), the worst one, the
+    newcomer's time to first token and the steps its prefill took.
+    """
+    import torch
+
+    from servelab.sampling import SamplingParams
+    torch.set_num_threads(1)
+    budget = max(long_prompt + streams, 1024)
+    cfg = ReplicaConfig(max_num_seqs=streams + 1, max_num_batched_tokens=budget, num_kv_blocks=512,
+                        long_prefill_token_threshold=chunk)
+    if llm is None:
+        llm = _build_llm(model_dir, cfg, seed)
+    else:
+        c = llm.engine.config
+        c.max_num_batched_tokens, c.long_prefill_token_threshold = budget, chunk
+    engine = llm.engine
+    rng = np.random.default_rng([seed, chunk or 0, long_prompt])  # fresh tokens: no prefix-cache hits
+    vocab = llm.model.config.vocab_size - 8
+    sp = SamplingParams(max_tokens=stream_tokens, ignore_eos=True, temperature=0.0)
+    for k in range(streams):
+        engine.add_request(f"s{seed}-{chunk}-{k}", rng.integers(0, vocab, 16).tolist(), sp)
+    outs = {}
+    for _ in range(arrive_after):
+        for o in engine.step():
+            outs[o.request_id] = o
+    t_arrive = time.perf_counter()
+    big = f"long{seed}-{chunk}"
+    engine.add_request(big, rng.integers(0, vocab, long_prompt).tolist(),
+                       SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0), arrival_time=t_arrive)
+    prefill_steps = 0
+    while engine.has_unfinished_requests():
+        before = big in outs
+        for o in engine.step():
+            outs[o.request_id] = o
+        if not before and big not in outs:
+            prefill_steps += 1
+    gaps = [g for k in range(streams) for g in outs[f"s{seed}-{chunk}-{k}"].metrics.inter_token_latencies]
+    m = outs[big].metrics
+    return {"chunk": chunk, "gaps": gaps, "max_gap_s": max(gaps), "median_gap_s": float(np.median(gaps)),
+            "ttft_s": m.first_token_time - m.arrival_time, "prefill_steps": prefill_steps + 1}

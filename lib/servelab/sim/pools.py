@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,8 @@ from servelab.sim.metrics import SimResult
 from servelab.sim.step_model import StepModel
 from servelab.sim.workload import Trace
 
-__all__ = ["ROUTERS", "route", "merge_results", "simulate_pool", "simulate_disaggregated", "DisaggregatedResult"]
+__all__ = ["ROUTERS", "route", "merge_results", "simulate_pool", "simulate_disaggregated", "DisaggregatedResult",
+           "largest_chunk", "best_split"]
 
 ROUTERS = ("random", "round_robin")
 
@@ -66,7 +68,9 @@ def simulate_pool(trace: Trace, step_model: StepModel, config: ReplicaConfig | N
     for k in range(replicas):
         idx = np.flatnonzero(where == k)
         if len(idx):
-            parts.append((idx, simulate(trace.subset(idx), step_model, config, **kw)))
+            sub = {k: (np.asarray(v)[idx] if k in ("prefilled", "priority") and v is not None else v)
+                   for k, v in kw.items()}
+            parts.append((idx, simulate(trace.subset(idx), step_model, config, **sub)))
     return merge_results(parts, trace)
 
 
@@ -118,3 +122,42 @@ def simulate_disaggregated(trace: Trace, step_model: StepModel, *, prefill_repli
         timeline_running=dec_sorted.timeline_running, timeline_blocks=dec_sorted.timeline_blocks,
         max_blocks=dec_sorted.max_blocks, num_kv_blocks=dec_sorted.num_kv_blocks)
     return DisaggregatedResult(whole, pre, dec_sorted, transfer)
+
+
+# ---------------------------------------------------------------------------
+# Balancing prefill against decode
+# ---------------------------------------------------------------------------
+
+def largest_chunk(itl_target_s: float, base_s: float, per_prompt_token_s: float, per_decode_row_s: float,
+                  decode_rows: int) -> int:
+    """The largest prompt chunk a mixed step may carry and still finish within ``itl_target_s``.
+
+    A mixed step costs ``base + per_decode_row x rows + per_prompt_token x chunk``
+    (the linear step model); every running stream waits that long for its next
+    token. Rounded down: a chunk one token larger would miss the target.
+    """
+    for name, v in (("itl_target_s", itl_target_s), ("per_prompt_token_s", per_prompt_token_s)):
+        if not v > 0:
+            raise ValueError(f"{name} must be positive, got {v!r}")
+    if base_s < 0 or per_decode_row_s < 0 or decode_rows < 0:
+        raise ValueError("base_s, per_decode_row_s and decode_rows must be >= 0")
+    room = itl_target_s - base_s - per_decode_row_s * decode_rows
+    chunk = math.floor(room / per_prompt_token_s + 1e-9)
+    if chunk < 1:
+        raise ValueError(f"the decodes alone take {base_s + per_decode_row_s * decode_rows:.4g} s, leaving no "
+                         f"room for a prompt token within {itl_target_s:.4g} s: fewer rows or a looser target")
+    return chunk
+
+
+def best_split(gpus: int, prefill_load: float, decode_load: float) -> int:
+    """Prefill GPUs (1 .. gpus - 1) that minimise the busier pool's load per GPU.
+
+    ``prefill_load`` and ``decode_load`` are GPU-seconds of work per second in
+    each phase (arrivals x prompt tokens / one GPU's prefill rate, and the same
+    for output tokens at its decode rate). Ties go to fewer prefill GPUs.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, np.integer)) or gpus < 2:
+        raise ValueError(f"a split needs at least 2 GPUs, got {gpus!r}")
+    if not prefill_load > 0 or not decode_load > 0:
+        raise ValueError("prefill_load and decode_load must be positive")
+    return min(range(1, gpus), key=lambda p: (max(prefill_load / p, decode_load / (gpus - p)), p))
