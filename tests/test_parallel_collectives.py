@@ -90,3 +90,14 @@ def test_launch_refuses_notebook_functions_and_reports_rank_errors():
         launch(lambda r, w: r, 2)
     with pytest.raises(RuntimeError, match="failed"):
         launch(pipeline.stage_bounds, 2, (0,), timeout=30)  # stage_bounds(rank, world, 0) raises in a rank
+
+
+def test_launch_kills_ranks_that_overrun_their_deadline():
+    import time
+
+    from servelab.parallel.launch import stall
+    assert launch(stall, 2, (0.0,), timeout=30) == [0, 1]
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="killed"):
+        launch(stall, 2, (60.0,), timeout=1, startup_s=2)
+    assert time.monotonic() - t0 < 20

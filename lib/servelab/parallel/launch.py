@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "launch", "DEFAULT_TIMEOUT_S"]
+__all__ = ["free_port", "launch", "stall", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -64,8 +64,14 @@ _PRELOADED = False
 START_METHODS = ("forkserver", "spawn")
 
 
+def stall(rank: int, world_size: int, seconds: float) -> int:
+    """A rank that just sleeps: lets tests check that :func:`launch` keeps its deadline."""
+    time.sleep(seconds)
+    return rank
+
+
 def launch(fn: Callable, world_size: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
-           threads: int = 1, start_method: str = "forkserver") -> list[Any]:
+           threads: int = 1, start_method: str = "forkserver", startup_s: float = 30.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return each rank's result.
 
     The processes share a gloo group on 127.0.0.1 (a free port per launch) whose
@@ -93,12 +99,12 @@ def launch(fn: Callable, world_size: int, args: tuple = (), timeout: float = DEF
         port = free_port()
         ctx = mp.start_processes(_entry, args=(fn, world_size, port, out_dir, tuple(args), timeout, threads),
                                  nprocs=world_size, join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout + 30  # room to start the interpreters
+        deadline = time.monotonic() + timeout + startup_s  # room to start the interpreters
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{world_size} processes running {fn.__name__} did not finish within "
-                                       f"{timeout + 30:.0f} s; killed them")
+                                       f"{timeout + startup_s:.0f} s; killed them")
         except mp.ProcessRaisedException as exc:
             raise RuntimeError(f"a rank running {fn.__name__} failed:\n{exc}") from None
         except mp.ProcessExitedException as exc:
