@@ -63,6 +63,16 @@ _LLAMA3 = ("Llama Team, AI @ Meta, \"The Llama 3 Herd of Models\" (2024), sectio
 _FP8 = ("Paulius Micikevicius et al., \"FP8 Formats for Deep Learning\" (2022)",
         "https://arxiv.org/abs/2209.05433")
 _GLU = ("Noam Shazeer, \"GLU Variants Improve Transformer\" (2020)", "https://arxiv.org/abs/2002.05202")
+_OPENAI_CACHE = ("OpenAI, \"Prompt Caching in the API\" (2024)",
+                 "https://openai.com/index/api-prompt-caching/")
+_ANTHROPIC_CACHE = ("Anthropic documentation, \"Prompt caching\"",
+                    "https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching")
+_DSV2 = ("DeepSeek-AI, \"DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language "
+         "Model\" (2024)", "https://arxiv.org/abs/2405.04434")
+_SPEC = ("Yaniv Leviathan, Matan Kalman and Yossi Matias, \"Fast Inference from Transformers via "
+         "Speculative Decoding\", ICML 2023", "https://arxiv.org/abs/2211.17192")
+_FLASH2 = ("Tri Dao, \"FlashAttention-2: Faster Attention with Better Parallelism and Work "
+           "Partitioning\" (2023)", "https://arxiv.org/abs/2307.08691")
 _FLASH = ("Tri Dao et al., \"FlashAttention: Fast and Memory-Efficient Exact Attention with "
           "IO-Awareness\", NeurIPS 2022", "https://arxiv.org/abs/2205.14135")
 
@@ -124,6 +134,31 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "gated-MLP width that keeps a SwiGLU layer at a plain 4x MLP's parameters (2/3 of 4d)", _GLU),
     _s("flashattention_speedup_gpt2", 3, "x",
        "FlashAttention's end-to-end training speedup on GPT-2 (sequence length 1K)", _FLASH),
+    _s("flashattention2_util_low", 0.50, "fraction",
+       "FlashAttention-2's forward pass, share of the A100's peak FLOP/s (low end)", _FLASH2),
+    _s("flashattention2_util_high", 0.73, "fraction",
+       "FlashAttention-2's forward pass, share of the A100's peak FLOP/s (high end)", _FLASH2),
+    # Prompt (prefix) caching as providers sell it
+    _s("openai_cached_input_discount", 0.50, "fraction",
+       "discount on cached input tokens in OpenAI's API at launch", _OPENAI_CACHE),
+    _s("openai_cache_idle_minutes_low", 5, "minutes",
+       "OpenAI: caches are typically cleared after 5-10 minutes of inactivity (low end)", _OPENAI_CACHE,
+       "and always within one hour of last use"),
+    _s("openai_cache_idle_minutes_high", 10, "minutes",
+       "OpenAI: caches are typically cleared after 5-10 minutes of inactivity (high end)", _OPENAI_CACHE),
+    _s("anthropic_cache_ttl_minutes", 5, "minutes",
+       "Anthropic: default cache lifetime, refreshed each time the cached prefix is read", _ANTHROPIC_CACHE),
+    _s("anthropic_cache_write_factor", 1.25, "x base input price",
+       "Anthropic: price of writing a prefix to the cache (5-minute lifetime)", _ANTHROPIC_CACHE),
+    _s("anthropic_cache_read_factor", 0.10, "x base input price",
+       "Anthropic: price of reading a cached prefix", _ANTHROPIC_CACHE),
+    # Shrinking the cache, speculative decoding
+    _s("deepseek_v2_kv_reduction", 0.933, "fraction",
+       "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
+    _s("speculative_speedup_low", 2, "x",
+       "speculative decoding's speedup on T5-XXL without changing outputs (low end)", _SPEC),
+    _s("speculative_speedup_high", 3, "x",
+       "speculative decoding's speedup on T5-XXL without changing outputs (high end)", _SPEC),
 ]}
 
 
