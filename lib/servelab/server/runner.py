@@ -236,5 +236,6 @@ def main(argv=None) -> int:
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully;
     # by then everything is finished, so that second delivery should just let us exit 0.
     signal.signal(signal.SIGTERM, lambda *a: None)
+    signal.signal(signal.SIGINT, lambda *a: None)  # Ctrl-C: the same clean exit
     server.run(sockets=[sock])
     return 0
