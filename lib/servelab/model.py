@@ -132,18 +132,21 @@ class FusedLinears:
                 if has_bias:
                     l.bias = nn.Parameter(self.bias[row:row + n], requires_grad=l.bias.requires_grad)
                 row += n
-        self._modules_ids = [id(l) for l in linears]
+        self._linears = tuple(linears)
         self._pointers = [self._pointer(l) for l in linears]
 
     @staticmethod
     def _pointer(linear):
-        return (linear.weight.data_ptr(), linear.weight.dtype, linear.weight.device,
-                None if linear.bias is None else linear.bias.data_ptr())
+        # a new dtype or device, load_state_dict(assign=True) or a swapped Parameter
+        # all mean new storage: the data pointers say it all
+        return linear.weight.data_ptr(), None if linear.bias is None else linear.bias.data_ptr()
 
     def is_current(self, linears) -> bool:
-        """True while these very linears (plain ``nn.Linear``) still hold views of this fused matrix."""
-        return (fusable(linears) and [id(l) for l in linears] == self._modules_ids
-                and [self._pointer(l) for l in linears] == self._pointers)
+        """True while these very linears still hold views of this fused matrix (checked per call: cheap)."""
+        for l, ref, ptr in zip(linears, self._linears, self._pointers):
+            if l is not ref or self._pointer(l) != ptr:
+                return False
+        return len(linears) == len(self._linears)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)

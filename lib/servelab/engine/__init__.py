@@ -6,13 +6,17 @@ One responsibility per file, read in this order:
 * ``sequence.py``     - a request's state, and the outputs it reports.
 * ``scheduler.py``    - who computes which tokens each step: budget, seats,
   chunked prefill, prefix hits, preemption by recompute.
-* ``model_runner.py`` - one forward pass over a ragged batch with a paged KV pool.
+* ``model_runner.py`` - THE step preparation (``prepare_step``) and one forward pass of
+  the model's own layers over a ragged batch, attention reading a paged step context.
 * ``sampler.py``      - the next token per sequence (greedy, temperature, top-k/p, seeds).
+* ``stop.py``         - when a sequence ends (end/stop tokens, stop strings, length),
+  shared with ``servelab.generate``.
 * ``detokenizer.py``  - ids to text, a token at a time.
 * ``engine.py``       - ``LLMEngine``: add_request / step / abort_request, stop rules, streaming.
 * ``llm.py``          - ``LLM``: offline ``generate`` in vLLM's shape.
 * ``static.py``       - the static-batching baseline, for comparison.
 * ``toy.py``          - a model-free runner for tests and demos.
+* ``profile.py``      - ``python -m servelab.engine.profile``: where a step's time goes.
 """
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import LLMEngine, StepStats

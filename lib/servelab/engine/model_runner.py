@@ -117,7 +117,7 @@ class PagedStepContext:
         self.max_position = max(step.positions) if step.positions else 0
         self.slots = torch.as_tensor(step.slot_mapping, dtype=torch.long)
         bs = block_size
-        self.decode_groups = []  # (row0, row1, flat block ids, nblk, mask or None)
+        self.decode_groups = []  # (row0, row1, flat block ids, nblk, longest context, mask or None)
         nd = step.num_decode_rows
         ctx = step.context_lens
         groups: list[list[int]] = []
@@ -139,10 +139,11 @@ class PagedStepContext:
                 ids = step.block_tables[i][:blocks_for(ctx[i], bs)]
                 table[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             lens = ctx[r0:r1]
-            mask = None
-            if any(c != nblk * bs for c in lens):
-                mask = (torch.arange(nblk * bs) < torch.as_tensor(lens)[:, None])[:, None, None, :]
-            self.decode_groups.append((r0, r1, table.flatten(), nblk, mask))
+            longest = lens[-1]
+            mask = None  # the gather is cut at the longest context; only shorter rows need a mask
+            if lens[0] != longest:
+                mask = (torch.arange(longest) < torch.as_tensor(lens)[:, None])[:, None, None, :]
+            self.decode_groups.append((r0, r1, table.flatten(), nblk, longest, mask))
         self.chunks = []  # (row0, row1, None | context slots, None | mask)
         row = sum(step.query_lens[:nd])
         for i in range(nd, len(step.query_lens)):
@@ -164,11 +165,11 @@ class PagedStepContext:
         gqa = q.shape[1] != k.shape[1]
         out = torch.empty_like(q)
         bs = self.block_size
-        for r0, r1, table, nblk, mask in self.decode_groups:
+        for r0, r1, table, nblk, longest, mask in self.decode_groups:
             g = pool.index_select(0, table)       # K and V of the group's blocks, one gather
             if g.dtype != q.dtype:
                 g = g.to(q.dtype)                 # only the gathered blocks change precision
-            g = g.view(r1 - r0, nblk * bs, *pool.shape[2:])
+            g = g.view(r1 - r0, nblk * bs, *pool.shape[2:])[:, :longest]
             kk, vv = g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)   # [B, KVH, L, D]
             o = F.scaled_dot_product_attention(q[r0:r1].unsqueeze(2), kk, vv, attn_mask=mask,
                                                scale=scale, enable_gqa=gqa)

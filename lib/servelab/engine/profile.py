@@ -15,11 +15,17 @@ time into phases by timing the functions that do them:
 * ``sample``     - choosing the tokens (``Sampler``)
 * ``finish``     - commit, stop checks, outputs (the rest of ``LLMEngine.step``)
 
+Times are CPU time of the running thread (``time.thread_time``), so a busy,
+shared machine inflates them far less than wall time; the step's wall time is
+reported beside them.
+
 It also reports the batch-1 step against the time to read that step's weights
-once at the machine's measured matrix-vector bandwidth
-(:func:`servelab.roofline.measure_bandwidth`): a step cannot beat that, and the
-ratio says how much a step spends beyond streaming its weights. One thread,
-as the benchmarks run; the numbers are for this machine and this load.
+once at the machine's measured matrix-vector bandwidth: a step cannot beat
+that, and the ratio says how much a step spends beyond streaming its weights.
+The bandwidth is measured twice: by :func:`servelab.roofline.measure_bandwidth`
+(wall time, the benchmarks' figure) and by the same mat-vec timed in CPU time
+(the ratio uses this one, so both sides are on the same clock). One thread, as
+the benchmarks run; the numbers are for this machine and this load.
 """
 from __future__ import annotations
 
@@ -52,11 +58,11 @@ class PhaseTimer:
     @contextmanager
     def phase(self, name: str):
         self._stack.append([0.0])
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             yield
         finally:
-            dt = time.perf_counter() - t0
+            dt = time.thread_time() - t0
             inner = self._stack.pop()[0]
             self.seconds[name] += dt - inner
             if self._stack:
@@ -134,23 +140,46 @@ def profile_engine(model, seats: int, prompt_len: int, new_tokens: int, warmup_s
     for _ in range(warmup_steps):  # the prefill and first decodes are not what is profiled
         eng.step()
     timer = instrument(eng)
-    t0 = time.perf_counter()
+    t0, w0 = time.thread_time(), time.perf_counter()
     try:
         while eng.has_unfinished_requests():
             eng.step()
     finally:
         timer.restore()
-    wall = time.perf_counter() - t0
+    cpu, wall = time.thread_time() - t0, time.perf_counter() - w0
     ms = timer.per_step_ms()
-    return {"seats": seats, "steps": timer.steps, "step_ms": 1e3 * wall / max(timer.steps, 1),
+    n = max(timer.steps, 1)
+    return {"seats": seats, "steps": timer.steps, "step_ms": 1e3 * cpu / n, "step_wall_ms": 1e3 * wall / n,
             "phases_ms": {k: round(v, 4) for k, v in ms.items()}}
 
 
+def matvec_bandwidth_cpu_time(size_mb: int = 256, repeats: int = 5) -> float:
+    """Bytes per CPU-second of a large fp32 matrix-vector product (the lower quartile of runs):
+    :func:`servelab.roofline.measure_bandwidth`'s mat-vec, on the thread's CPU clock."""
+    import math
+
+    import torch
+    side = int(math.sqrt(size_mb * 1_000_000 // 4))
+    w = torch.full((side, side), 0.5)
+    x = torch.full((side,), 0.5)
+    torch.mv(w, x)
+    times = []
+    for _ in range(repeats):
+        t = time.thread_time()
+        torch.mv(w, x)
+        times.append(time.thread_time() - t)
+    times.sort()
+    return side * side * 4 / times[len(times) // 4]
+
+
 def weights_read_seconds(model, bandwidth: float) -> float:
-    """Time to stream a batch-1 step's matrices once (projections, MLP, output head) at ``bandwidth``."""
-    from servelab import arith
-    params = arith.count_params(model.config).matmul_active
-    return params * model.embed_tokens.weight.element_size() / bandwidth
+    """Time to stream a batch-1 step's matrices once (projections, MLP, output head) at ``bandwidth``.
+
+    Counted from the model's own matrices (the same number as
+    ``servelab.arith.count_params(config).matmul_active``).
+    """
+    mats = [m.weight for m in model.modules() if isinstance(m, __import__("torch").nn.Linear)]
+    return sum(w.numel() * w.element_size() for w in mats) / bandwidth
 
 
 def main(argv=None) -> int:
@@ -174,18 +203,23 @@ def main(argv=None) -> int:
     for n in (1, seats):  # the fastest of a few runs: the machine may be shared
         runs = [profile_engine(model, n, prompt_len, new) for _ in range(max(a.repeats, 1))]
         rows.append(min(runs, key=lambda r: r["step_ms"]))
-    bw = next(r for r in roofline.measure_bandwidth(size_mb=32 if a.quick else 256, repeats=3)
-              if r["name"] == "matrix-vector")["GB_per_s"] * 1e9
+    size = 32 if a.quick else 256
+    wall_bw = next(r for r in roofline.measure_bandwidth(size_mb=size, repeats=3)
+                   if r["name"] == "matrix-vector")["GB_per_s"] * 1e9
+    bw = matvec_bandwidth_cpu_time(size)
     read_ms = 1e3 * weights_read_seconds(model, bw)
     result = {"threads": a.threads, "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-              "matvec_GB_per_s": round(bw / 1e9, 2), "weights_read_ms": round(read_ms, 4),
+              "matvec_GB_per_s": round(bw / 1e9, 2), "matvec_GB_per_s_wall": round(wall_bw / 1e9, 2),
+              "weights_read_ms": round(read_ms, 4),
               "batch1_over_weights_read": round(rows[0]["step_ms"] / read_ms, 2), "runs": rows}
     print(f"{'phase':<10}" + "".join(f"{'batch ' + str(r['seats']):>14}" for r in rows))
     for p in PHASES:
         print(f"{p:<10}" + "".join(f"{r['phases_ms'][p]:>11.3f} ms" for r in rows))
     print(f"{'step':<10}" + "".join(f"{r['step_ms']:>11.3f} ms" for r in rows))
+    print(f"{'wall':<10}" + "".join(f"{r['step_wall_ms']:>11.3f} ms" for r in rows))
     print(f"batch-1 step {rows[0]['step_ms']:.3f} ms = {result['batch1_over_weights_read']}x the time to read "
-          f"its weights once ({read_ms:.3f} ms at {result['matvec_GB_per_s']} GB/s mat-vec); "
+          f"its weights once ({read_ms:.3f} ms at {result['matvec_GB_per_s']} GB/s mat-vec, CPU time; "
+          f"{result['matvec_GB_per_s_wall']} GB/s by roofline.measure_bandwidth's wall clock); "
           f"load {result['load']}")
     if a.json:
         with open(a.json, "w") as f:
