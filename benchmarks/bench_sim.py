@@ -78,7 +78,9 @@ def calibration(quick: bool, runs_from: Path | None) -> tuple[dict, list, list]:
     for part, runs in (("fit", fit_runs[1:]), ("held-out", held)):
         for r in runs:
             c = cal.compare(r, model)
+            raw = cal.compare(r, model, normalise=False)
             rows.append({"set": part, "workload": r.label, "requests": len(r.trace),
+                         "speed_factor": round(cal.speed_factor(r, model), 3), "worst_unscaled": round(raw.worst, 4),
                          "rate": round(r.trace.rate, 3), "chunk": r.config.long_prefill_token_threshold,
                          "steps": len(r.shapes),
                          **{f"measured_{k}": round(v, 5) for k, v in c.measured.items()},
@@ -120,12 +122,17 @@ def write_md(out: Path, res: dict) -> None:
                   f"({am.get('logical_cpus')} logical CPUs, load average {am.get('load_average_1min')}, "
                   f"{am.get('date')}), one thread.", "",
                   f"Step model fitted on the probe and the fit runs: {cal_res['describe']}.", "",
-                  "| set | workload | req/s | chunk | TTFT p50 err | TTFT p95 err | TPOT p50 err | TPOT p95 err "
-                  "| worst |", "|---|---|---|---|---|---|---|---|---|"]
+                  "Each run first times a fixed little batch (the speed probe); the model is scaled by that "
+                  "time over the fit runs' median (column *speed*), so a machine that is busier now is "
+                  "predicted as busier. *Worst, unscaled*: the same without that scaling.", "",
+                  "| set | workload | req/s | chunk | speed | TTFT p50 err | TTFT p95 err | TPOT p50 err "
+                  "| TPOT p95 err | worst | worst, unscaled |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cal_res["rows"]:
             e = [r[f"error_{k}"] for k in cal.METRICS]
             lines.append(f"| {r['set']} | {r['workload']} | {r['rate']:.2f} | {r['chunk'] or '-'} | "
-                         + " | ".join(f"{x:+.1%}" for x in e) + f" | {r['worst']:.1%} |")
+                         f"{r.get('speed_factor', 1.0):.2f} | "
+                         + " | ".join(f"{x:+.1%}" for x in e) + f" | {r['worst']:.1%} | "
+                         f"{r.get('worst_unscaled', r['worst']):.1%} |")
         held = [r for r in cal_res["rows"] if r["set"] == "held-out"]
         worst = max(r["worst"] for r in held) if held else float("nan")
         within = sum(r["worst"] <= 0.10 for r in held)

@@ -100,3 +100,15 @@ def test_long_prompt_interference_in_the_engine():
                                            arrive_after=3)
     assert whole["prefill_steps"] == 1 and chunked["prefill_steps"] == 5  # ceil(300 / 64)
     assert len(whole["gaps"]) == 2 * 11 and whole["ttft_s"] > 0
+
+
+def test_speed_probe_scales_the_model(run):
+    assert run.info["probe_s"] > 0
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    assert model.meta["probe_s"] == run.info["probe_s"]
+    assert cal.speed_factor(run, model) == 1.0
+    model.meta["probe_s"] = run.info["probe_s"] / 2  # the fit ran twice as fast as now
+    assert cal.speed_factor(run, model) == pytest.approx(2.0)
+    slow = model.scaled(2.0)
+    assert slow.step_s(run.shapes[0]) == pytest.approx(2 * model.step_s(run.shapes[0]))
+    assert cal.compare(run, model).predicted == cal.compare(run, slow, normalise=False).predicted

@@ -41,6 +41,9 @@ def cmd_check(a) -> int:
     print(f"trace: {len(trace)} requests over {trace.duration_s:.1f} s; step model fitted at commit "
           f"{meta.get('git_commit', '?')} on {(meta.get('machine') or {}).get('cpu', '?')}")
     run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace))
+    f = calibrate.speed_factor(run, model)
+    if f != 1.0:
+        print(f"this machine runs {f:.2f}x the fit's step time right now (speed probe); the model is scaled")
     if a.save_run:
         with open(a.save_run, "w") as f:
             json.dump(run.to_dict(), f)

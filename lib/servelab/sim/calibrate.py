@@ -35,7 +35,8 @@ from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["EngineRun", "run_engine", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "WORKLOADS", "CONFIGS"]
+           "probe_trace", "rate_for_busy", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
+           "long_prompt_interference"]
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
@@ -91,8 +92,12 @@ def _build_llm(model_dir, config: ReplicaConfig, seed: int):
 
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
-               label: str = "", warmup: int = 8, threads: int | None = 1) -> EngineRun:
-    """Serve ``trace`` with the real engine in real time (see module doc)."""
+               label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True) -> EngineRun:
+    """Serve ``trace`` with the real engine in real time (see module doc).
+
+    ``probe``: first time :func:`speed_probe` (the machine's speed right now),
+    so a comparison can scale the step model to it.
+    """
     import torch
 
     from servelab.sampling import SamplingParams
@@ -118,6 +123,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
         engine.add_request(f"warm{w}", rng.integers(0, llm.model.config.vocab_size - 8, 40 + 20 * w).tolist(),
                            SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
     engine.run_to_completion()
+    probe_s = speed_probe(llm, seed=seed) if probe else None
 
     shapes: list[StepShape] = []
     plans = []
@@ -175,8 +181,31 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
         if len(m.token_times) > 1:
             tpot[i] = (m.token_times[-1] - m.token_times[0]) / (len(m.token_times) - 1)
     from servelab import machine
-    info = {"machine": machine.describe(), "git_commit": git_commit(), "steps": len(shapes)}
+    info = {"machine": machine.describe(), "git_commit": git_commit(), "steps": len(shapes), "probe_s": probe_s}
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+
+
+_probe_calls = [0]
+
+
+def speed_probe(llm, seed: int = 0) -> float:
+    """Seconds the engine takes for a fixed little batch (6 prompts of 64 tokens, 24 tokens each,
+    all at once): the same steps every time, so its time tracks the machine's current speed.
+    Fresh random tokens each call (no prefix-cache hits)."""
+    from servelab.sampling import SamplingParams
+    engine = llm.engine
+    _probe_calls[0] += 1
+    rng = np.random.default_rng([seed, 7919, _probe_calls[0]])
+    vocab = llm.model.config.vocab_size - 8
+    sp = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0)
+    for k in range(6):
+        engine.add_request(f"probe{_probe_calls[0]}-{k}", rng.integers(0, vocab, 64).tolist(), sp)
+    total = 0.0
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        engine.step()
+        total += time.perf_counter() - t0
+    return total
 
 
 def git_commit() -> str:
@@ -195,6 +224,9 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
     meta = {"runs": [r.label for r in runs]}
     if runs and runs[0].info:
         meta.update(git_commit=runs[0].info.get("git_commit"), machine=runs[0].info.get("machine"))
+    probes = [r.info.get("probe_s") for r in runs if r.info.get("probe_s")]
+    if probes:
+        meta["probe_s"] = float(np.median(probes))  # the machine's speed during the fit runs
     return fit_linear(shapes, durs, features=features, meta=meta)
 
 
@@ -221,8 +253,23 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(run: EngineRun, step_model) -> Comparison:
-    """Simulate the run's trace with ``step_model`` and set it beside the measurement."""
+def speed_factor(run: EngineRun, step_model) -> float:
+    """How much slower (>1) the machine ran during ``run`` than during the fit, by the speed probe."""
+    p_run = run.info.get("probe_s") if run.info else None
+    p_fit = getattr(step_model, "meta", {}).get("probe_s")
+    return p_run / p_fit if p_run and p_fit else 1.0
+
+
+def compare(run: EngineRun, step_model, normalise: bool = True) -> Comparison:
+    """Simulate the run's trace with ``step_model`` and set it beside the measurement.
+
+    ``normalise``: scale the model by :func:`speed_factor` (the speed probe run
+    just before the trace against the fit runs' probes), when both were measured.
+    """
+    if normalise and hasattr(step_model, "scaled"):
+        f = speed_factor(run, step_model)
+        if f != 1.0:
+            step_model = step_model.scaled(f)
     sim: SimResult = simulate(run.trace, step_model, run.config)
     predicted = {"ttft_p50": sim.percentiles("ttft", (50,))[50], "ttft_p95": sim.percentiles("ttft", (95,))[95],
                  "tpot_p50": sim.percentiles("tpot", (50,))[50], "tpot_p95": sim.percentiles("tpot", (95,))[95]}

@@ -202,6 +202,13 @@ class LinearStepModel(StepModel):
     def without_noise(self) -> "LinearStepModel":
         return LinearStepModel(*self.coefficients, meta=dict(self.meta))
 
+    def scaled(self, factor: float) -> "LinearStepModel":
+        """Every step ``factor`` times as long (a machine that runs slower or faster right now)."""
+        if not factor > 0:
+            raise ValueError(f"factor must be positive, got {factor!r}")
+        return LinearStepModel(*(c * factor for c in self.coefficients), meta=dict(self.meta),
+                               noise=tuple(x * factor for x in self.noise), noise_seed=self.noise_seed)
+
     @property
     def coefficients(self) -> tuple:
         return (self.a, self.b_prefill, self.c_decode, self.d_context, self.e_pairs, self.f_chunks)
