@@ -184,11 +184,12 @@ def main(argv=None) -> int:
             if not a.quick:  # the fitted model the CLI's check uses
                 cal.save_step_model(cal.step_model_from_dict(res["calibration"]["model"]))
     res["machine"] = machine.describe(threads=1)
-    if a.quick is False and out == ROOT / "benchmarks" / "results" and a.speed_only:
-        old = out / "sim.json"
-        if old.exists():  # keep the last calibration beside a new speed figure
-            prev = json.loads(old.read_text())
-            res.setdefault("calibration", prev.get("calibration"))
+    old = out / "sim.json"
+    if not a.quick and (a.speed_only or a.calibration_only) and old.exists():
+        prev = json.loads(old.read_text())  # keep the part not rerun
+        for key in ("speed", "calibration"):
+            if prev.get(key) is not None:
+                res.setdefault(key, prev[key])
     (out / "sim.json").write_text(json.dumps(res, indent=1) + "\n")
     write_md(out, res)
     print((out / "sim.md").read_text())

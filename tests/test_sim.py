@@ -318,3 +318,14 @@ def test_largest_chunk_and_best_split():
     assert best_split(5, 1.0, 1.0) == 2
     with pytest.raises(ValueError, match="2 GPUs"):
         best_split(1, 1.0, 1.0)
+
+
+def test_roofline_for_any_registry_chip():
+    h100 = RooflineStepModel.for_chip("Llama-3-8B", 8e9, "H100 SXM")
+    tier = RooflineStepModel.for_tier("small")
+    shape = StepShape(decode_rows=16, decode_context=16 * 1400)
+    assert h100.step_s(shape) == pytest.approx(tier.step_s(shape))
+    b200 = RooflineStepModel.for_chip("Llama-3-70B", 70e9, "B200", num_chips=2, weight_dtype="fp8")
+    assert b200.step_s(shape) < RooflineStepModel.for_tier("large").step_s(shape)
+    with pytest.raises(ValueError, match="chip"):
+        RooflineStepModel.for_chip("Llama-3-8B", 8e9, "TPU-v9")

@@ -277,6 +277,24 @@ class RooflineStepModel(StepModel):
                    bandwidth_efficiency=bandwidth_efficiency, compute_efficiency=compute_efficiency,
                    overhead_s=overhead_s, label=f"{t.label} on {t.num_chips} x {t.chip.name}")
 
+    @classmethod
+    def for_chip(cls, model: str, num_params: float, chip: str = "H100 SXM", num_chips: int = 1,
+                 weight_dtype: str = "bf16", cache_dtype: str = "bf16", bandwidth_efficiency: float = 0.6,
+                 compute_efficiency: float = 0.5, overhead_s: float = 0.0) -> "RooflineStepModel":
+        """Any registry model shape (:func:`servelab.specs.get_model`) on any registry chip, e.g.
+        ``for_chip("Llama-3-70B", 70e9, "B200", num_chips=2, weight_dtype="fp8")``."""
+        from servelab import arith, kvcache, specs
+        cfg = specs.get_model(model)
+        c = specs.get_chip(chip)
+        if isinstance(num_chips, bool) or not isinstance(num_chips, int) or num_chips <= 0:
+            raise ValueError(f"num_chips must be a positive whole number, got {num_chips!r}")
+        return cls(weights_bytes=num_params * arith.bytes_per_param(weight_dtype),
+                   kv_bytes_per_token=kvcache.kv_bytes_per_token(cfg, cache_dtype), num_params=num_params,
+                   attention_ops_per_context_token=arith.attention_ops_per_token(cfg, 1),
+                   bandwidth=num_chips * c.hbm_bandwidth, peak_ops=num_chips * c.peak_flops(weight_dtype),
+                   bandwidth_efficiency=bandwidth_efficiency, compute_efficiency=compute_efficiency,
+                   overhead_s=overhead_s, label=f"{model} on {num_chips} x {c.name}")
+
     def _mem(self):
         return self.bandwidth * self.bandwidth_efficiency
 
