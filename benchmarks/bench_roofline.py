@@ -69,15 +69,15 @@ class StepMatrices:
             for w, x in self._pairs:
                 self._linear(x, w)
 
-    def bandwidth(self, repeats=3, statistic="median") -> float:
-        return self.nbytes / rl._median_seconds(self.run, repeats, statistic=statistic) / 1e9
+    def bandwidth(self, repeats=3, statistic="median", clock="wall") -> float:
+        return self.nbytes / rl._median_seconds(self.run, repeats, statistic=statistic, clock=clock) / 1e9
 
     @property
     def shapes(self):
         return [tuple(w.shape) for w in self.mats]
 
 
-def matmul_share(mats: StepMatrices, rounds: int = 7, bandwidth_mb: int = 512):
+def matmul_share(mats: StepMatrices, rounds: int = 7, bandwidth_mb: int = 512, clock: str = "wall"):
     """The step's matrices alone as a share of the large mat-vec's bandwidth (interleaved rounds).
 
     The gap between this and 1.0 is the matrices' own shapes: many separate products
@@ -86,8 +86,8 @@ def matmul_share(mats: StepMatrices, rounds: int = 7, bandwidth_mb: int = 512):
     """
     shares = []
     for _ in range(rounds):
-        reference = rl.measure_bandwidth(bandwidth_mb, repeats=3)[1]
-        shares.append(mats.bandwidth() / reference["GB_per_s"])
+        reference = rl.measure_bandwidth(bandwidth_mb, repeats=3, clock=clock)[1]
+        shares.append(mats.bandwidth(clock=clock) / reference["GB_per_s"])
     return shares, math.isqrt(int(reference["bytes"]) // 4) * 4
 
 
@@ -108,37 +108,41 @@ def main(argv=None) -> int:
     parser.add_argument("--statistic", choices=("median", "min"), default="median",
                         help="median of repeats (default), or min on a machine busy with other work")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--clock", choices=rl.CLOCKS, default="cpu",
+                        help="time with this process's CPU time (default: right on a machine shared with "
+                             "other work, one thread) or the wall clock")
     args = parser.parse_args(argv)
     if args.quick and args.out is None:
         parser.error("--quick needs --out FOLDER (a smoke run never overwrites benchmarks/results)")
     out_dir = Path(args.out) if args.out else RESULTS
     torch.set_num_threads(1)
 
-    st = args.statistic
+    st, ck = args.statistic, args.clock
     if args.quick:
         size, pairs, bw_mb, rounds = QUICK_SHAPE, 2, 16, 2
         result = rl.measure(quick=True, threads=1, progress=False, statistic=st, repeats=args.repeats or 2,
-                            model=QUICK_SHAPE, batches=(1, 2, 8, 128), bandwidth_mb=bw_mb, matmul_n=128)
+                            model=QUICK_SHAPE, batches=(1, 2, 8, 128), bandwidth_mb=bw_mb, matmul_n=128,
+                            clock=ck)
     else:
         size, pairs, bw_mb, rounds = "large", args.pairs, 512, 7
         result = rl.measure(quick=False, threads=1, progress=sys.stderr.isatty(), statistic=st,
-                            repeats=args.repeats)
+                            repeats=args.repeats, clock=ck)
 
-    matvec_bw = lambda: rl.measure_bandwidth(bw_mb, repeats=3, statistic=st)[1]["GB_per_s"]  # noqa: E731
+    matvec_bw = lambda: rl.measure_bandwidth(bw_mb, repeats=3, statistic=st, clock=ck)[1]["GB_per_s"]  # noqa: E731
 
     def step_of(model, batch):
-        return lambda: rl.measure_decode(model, (batch,), repeats=3, statistic=st)[0]
+        return lambda: rl.measure_decode(model, (batch,), repeats=3, statistic=st, clock=ck)[0]
 
     # fp32: goal 1 (the step against its own matrices), the raw mat-vec share, step(2), step(8)
     fp32 = rl.build_sweep_model(size, "fp32")
     mats = StepMatrices(fp32)
     one = step_of(fp32, 1)
     vs_matrices_pairs: list = []
-    vs_matrices = paired_ratios(lambda: mats.bandwidth(statistic=st), lambda: one()["GB_per_s"], pairs,
+    vs_matrices = paired_ratios(lambda: mats.bandwidth(statistic=st, clock=ck), lambda: one()["GB_per_s"], pairs,
                                 vs_matrices_pairs)
     bandwidth_pairs: list = []
     share = paired_ratios(matvec_bw, lambda: one()["GB_per_s"], pairs, bandwidth_pairs)
-    matmuls_alone, reference_row_bytes = matmul_share(mats, rounds, bw_mb)
+    matmuls_alone, reference_row_bytes = matmul_share(mats, rounds, bw_mb, ck)
     step_matrices = mats.shapes
     seconds = lambda f: (lambda: f()["seconds"])  # noqa: E731
     fp32_ratios = {b: paired_ratios(seconds(one), seconds(step_of(fp32, b)), pairs) for b in (2, 8)}
@@ -162,6 +166,8 @@ def main(argv=None) -> int:
     row_kb = sorted({c * 4 / 1e3 for _, c in step_matrices})
     cmd = "`.venv/bin/python benchmarks/bench_roofline.py" + (" --quick" if args.quick else "") + "`"
     lines = ["# Roofline benchmark", "", f"Command: {cmd}", "",
+             f"Clock: {'CPU time of this single-threaded process (the machine was shared with other work: '
+                       'the wall clock would count their time too)' if ck == 'cpu' else 'wall clock'}.", "",
              f"Statistic: {st} of {result.model['repeats']} repeats per point"
              + (" (the machine was shared with other work; the fastest repeat estimates an undisturbed run)"
                 if st == "min" else ""), "",
@@ -207,6 +213,7 @@ def main(argv=None) -> int:
     (out_dir / "roofline.md").write_text("\n".join(lines))
     data = result.to_dict()
     data["quick"] = args.quick
+    data["clock"] = ck
     data["goals"] = [{"goal": g[0], "measured": g[1], "op": g[2], "target": g[3]} for g in goals]
     data["goal1_step_vs_matrices"] = vs_matrices
     data["goal1_step_vs_matrices_pairs_GB_per_s"] = [{"matrices": a, "step": b} for a, b in vs_matrices_pairs]

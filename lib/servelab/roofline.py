@@ -493,6 +493,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
 
 
 STATISTICS = ("median", "min")
+CLOCKS = ("wall", "cpu")
 
 
 def check_device(device: str = "cpu") -> str:
@@ -519,27 +520,35 @@ def _synchronizer(device: str) -> Callable[[], None]:
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1, statistic: str = "median",
-                    device: str = "cpu") -> float:
+                    device: str = "cpu", clock: str = "wall") -> float:
     """Median (default) or minimum of ``repeats`` timed calls after ``warmup`` untimed ones.
 
     The minimum estimates an undisturbed run on a machine shared with other work:
     interference only ever adds time. On a GPU (``device`` "cuda...") each call is
     followed by a synchronize, so the time is the kernels' and not their launch.
+    ``clock="cpu"`` times with this process's CPU time instead of the wall clock:
+    on a machine shared with more runnable work than cores, the wall clock counts
+    the time other processes ran; CPU time counts only this one's (one thread only).
     """
     import statistics
 
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    if clock == "cpu" and device != "cpu":
+        raise ValueError("clock='cpu' times CPU work; time a GPU with clock='wall'")
+    now = time.perf_counter if clock == "wall" else time.process_time
     sync = _synchronizer(device)
     for _ in range(warmup):
         fn()
     sync()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return statistics.median(times) if statistic == "median" else min(times)
 
 
@@ -553,7 +562,7 @@ def _row(kind: str, name: str, dtype: str, seconds: float, nbytes: float = 0.0, 
 
 
 def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "median",
-                      device: str = "cpu") -> list[dict[str, Any]]:
+                      device: str = "cpu", clock: str = "wall") -> list[dict[str, Any]]:
     """Memory bandwidth two ways: a large copy (read + write) and a matrix-vector product (read)."""
     import torch
 
@@ -562,18 +571,18 @@ def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "me
     n = size_mb * 1_000_000 // 4
     src = torch.full((n,), 0.5, device=device)  # values do not matter; filling beats random numbers
     dst = torch.empty_like(src)
-    copy_s = _median_seconds(lambda: dst.copy_(src), repeats, statistic=statistic, device=device)
+    copy_s = _median_seconds(lambda: dst.copy_(src), repeats, statistic=statistic, device=device, clock=clock)
     del dst
     side = int(math.sqrt(n))
     w = src[: side * side].view(side, side)
     x = torch.full((side,), 0.5, device=device)
-    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats, statistic=statistic, device=device)
+    mv_s = _median_seconds(lambda: torch.mv(w, x), repeats, statistic=statistic, device=device, clock=clock)
     return [_row("bandwidth", "copy (read+write)", "fp32", copy_s, nbytes=2 * src.numel() * 4),
             _row("bandwidth", "matrix-vector", "fp32", mv_s, nbytes=side * side * 4, ops=2 * side * side)]
 
 
 def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 5,
-                   statistic: str = "median", device: str = "cpu") -> list[dict[str, Any]]:
+                   statistic: str = "median", device: str = "cpu", clock: str = "wall") -> list[dict[str, Any]]:
     """Square matrix-product rate per format: the machine's arithmetic peak in practice."""
     import torch
 
@@ -583,7 +592,7 @@ def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repe
     for dtype in dtypes:
         tdt = _torch_dtype(dtype)
         a, b = torch.rand(n, n).to(device, tdt), torch.rand(n, n).to(device, tdt)
-        s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic, device=device)
+        s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic, device=device, clock=clock)
         rows.append(_row("matmul", "matmul", dtype, s, nbytes=3 * n * n * a.element_size(), ops=2.0 * n ** 3))
     return rows
 
@@ -619,7 +628,8 @@ def build_sweep_model(size: str | Mapping[str, int] = "quick", dtype: str = "fp3
 
 
 def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens: int = 32, repeats: int = 5,
-                   progress: Callable[[], None] | None = None, statistic: str = "median") -> list[dict[str, Any]]:
+                   progress: Callable[[], None] | None = None, statistic: str = "median",
+                   clock: str = "wall") -> list[dict[str, Any]]:
     """Median time of one decode step at each batch size, with ``context_tokens`` already cached.
 
     The cache is filled with random keys and values (no prefill needed) and
@@ -654,7 +664,7 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
                 model(ids, cache=cache)
             cache.crop(context_tokens)
 
-        seconds = _median_seconds(step, repeats, statistic=statistic, device=device)
+        seconds = _median_seconds(step, repeats, statistic=statistic, device=device, clock=clock)
         kv_bytes = 2 * cache.k[:, :, :, :context_tokens + 1].numel() * elem
         ops = 2.0 * matmul_params * batch
         rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes_read + kv_bytes, ops=ops,
@@ -670,12 +680,13 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
             batches: Sequence[int] | None = None, repeats: int | None = None, context_tokens: int = 32,
             progress: bool = True, model: str | Mapping[str, int] | None = None,
             bandwidth_mb: int | None = None, matmul_n: int = 2048, statistic: str = "median",
-            device: str = "cpu") -> MeasureResult:
+            device: str = "cpu", clock: str = "wall") -> MeasureResult:
     """Measure this machine: bandwidth, matmul rates and a decode-step sweep, on ``threads`` threads.
 
     ``device="cuda"`` measures the GPU instead (its memory, its matmul rates, the
     decoder on it; ``threads`` then only sets the CPU threads that launch the work).
-    The CPU stays the default.
+    The CPU stays the default. ``clock="cpu"`` (one thread only) times with the
+    process's CPU time, for machines shared with more runnable work than cores.
 
     ``quick=True`` (default) uses a ~62M-parameter decoder and seven batch
     sizes, under a minute on one laptop core; ``quick=False`` the ~213M one and
@@ -689,6 +700,8 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
 
     _check_count("threads", threads)
     check_device(device)
+    if clock == "cpu" and threads != 1:
+        raise ValueError(f"clock='cpu' adds up every thread's CPU time; use threads=1, got {threads}")
     batches = tuple(batches or (QUICK_BATCHES if quick else LARGE_BATCHES))
     repeats = repeats or (5 if quick else 7)
     size = model if model is not None else ("quick" if quick else "large")
@@ -705,18 +718,20 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
             from tqdm.auto import tqdm
             bar = tqdm(total=total, desc="measuring", leave=False)
         tick = bar.update if bar is not None else (lambda n=1: None)
-        rows = measure_bandwidth(bandwidth_mb, repeats, statistic, device=device)
+        rows = measure_bandwidth(bandwidth_mb, repeats, statistic, device=device, clock=clock)
         tick()
-        rows += measure_matmul(matmul_n, dtypes, repeats, statistic, device=device)
+        rows += measure_matmul(matmul_n, dtypes, repeats, statistic, device=device, clock=clock)
         tick()
         model_info: dict[str, Any] = {"size": size if isinstance(size, str) else "custom",
                                       "context_tokens": context_tokens, "shape": shape,
-                                      "statistic": statistic, "repeats": repeats, "device": device}
+                                      "statistic": statistic, "repeats": repeats, "device": device,
+                                      "clock": clock}
         for dtype in dtypes:
             decoder = build_sweep_model(shape, dtype, device=device)
             model_info["params"] = sum(p.numel() for p in decoder.parameters())
             tick()
-            rows += measure_decode(decoder, batches, context_tokens, repeats, progress=tick, statistic=statistic)
+            rows += measure_decode(decoder, batches, context_tokens, repeats, progress=tick, statistic=statistic,
+                                   clock=clock)
             del decoder
         info = machine_info(threads)
         if device.startswith("cuda"):
