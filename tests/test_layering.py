@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "lib" / "servelab"
-CALCULATORS = ["specs", "kvcache", "arith", "cost", "roofline", "pool"]
+CALCULATORS = ["specs", "kvcache", "arith", "cost", "roofline", "pool", "comm", "moe", "sources"]
 
 
 def _imports(path: Path, top_level_only: bool = False) -> set[str]:
