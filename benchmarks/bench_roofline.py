@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     row_kb = sorted({c * 4 / 1e3 for _, c in step_matrices})
     cmd = "`.venv/bin/python benchmarks/bench_roofline.py" + (" --quick" if args.quick else "") + "`"
     lines = ["# Roofline benchmark", "", f"Command: {cmd}", "",
-             f"Clock: {'CPU time of this single-threaded process (the machine was shared with other work: '
-                       'the wall clock would count their time too)' if ck == 'cpu' else 'wall clock'}.", "",
+             "Clock: " + ("CPU time of this single-threaded process (on a machine shared with other work "
+                          "the wall clock would count their time too)" if ck == "cpu" else "wall clock") + ".", "",
              f"Statistic: {st} of {result.model['repeats']} repeats per point"
              + (" (the machine was shared with other work; the fastest repeat estimates an undisturbed run)"
                 if st == "min" else ""), "",
