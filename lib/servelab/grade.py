@@ -15,8 +15,9 @@ A mock-interview notebook (``python -m servelab.interview``) lists its
 questions instead: ``{"servelab": {"questions": [["ex11_seats", "q1"], ...]}}``.
 
 ``python -m servelab.grade --all`` grades every exercise notebook in
-``exercises/`` (or ``--dir``) and prints a progress table: score, level and
-time box per exercise.
+``exercises/`` (or ``--dir``) and prints a progress table with a row for every
+graded exercise of the course: score, questions passed (or "not started"),
+levels and time box.
 """
 from __future__ import annotations
 
@@ -165,8 +166,16 @@ def _levels(questions: list[Question]) -> str:
 
 def progress_table(folder: Path, cell_timeout: float = 10.0) -> tuple[str, list[dict]]:
     """Grade every exercise notebook in ``folder``: (printed table, rows)."""
+    from servelab.interview import all_exercises
+
     rows = []
-    for name, path in find_exercises(folder).items():
+    found = find_exercises(folder)
+    for name in sorted(set(all_exercises()) - set(found)):  # every exercise gets a row
+        questions = load_questions(name)
+        rows.append(dict(exercise=name, notebook=None, score=0,
+                         max_score=sum(q.points for q in questions), passed=0, questions=len(questions),
+                         levels=_levels(questions), minutes=sum(q.minutes for q in questions)))
+    for name, path in found.items():
         questions = load_questions(name)
         try:
             results = grade_notebook(path, cell_timeout=cell_timeout)
@@ -176,16 +185,20 @@ def progress_table(folder: Path, cell_timeout: float = 10.0) -> tuple[str, list[
                          max_score=sum(r.max_points for r in results),
                          passed=sum(r.passed for r in results), questions=len(results),
                          levels=_levels(questions), minutes=sum(q.minutes for q in questions)))
+    rows.sort(key=lambda r: r["exercise"])
     header = ("exercise", "score", "questions", "levels", "time box")
     table = [header] + [(r["exercise"], f"{r['score']}/{r['max_score']}",
-                         f"{r['passed']}/{r['questions']} passed", r["levels"], f"{r['minutes']} min")
+                         f"{r['passed']}/{r['questions']} passed" if r["notebook"] else "not started",
+                         r["levels"], f"{r['minutes']} min")
                         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     lines.insert(1, "-" * (sum(widths) + 2 * (len(widths) - 1)))
     score, most = sum(r["score"] for r in rows), sum(r["max_score"] for r in rows)
     done = sum(r["score"] == r["max_score"] for r in rows)
-    lines.append(f"total: {score}/{most} points; {done} of {len(rows)} exercises complete")
+    started = sum(r["notebook"] is not None for r in rows)
+    lines.append(f"total: {score}/{most} points; {done} of {len(rows)} exercises complete, "
+                 f"{started} started")
     return "\n".join(lines), rows
 
 
