@@ -578,7 +578,10 @@ def report(r) -> str:
         + ", ".join(f"{n} {v['seconds']} s" + (f" (taken from an earlier run: {v['reused_from']})"
                                                  if "reused_from" in v else "")
                     for n, v in r["parts"].items()) + ".",
-        "Command: `.venv/bin/python benchmarks/bench_engine.py" + (" --quick" if r["quick"] else "") + "`", "",
+        "Command: `.venv/bin/python benchmarks/bench_engine.py" + (" --quick" if r["quick"] else "")
+        + (f" --jobs {r['jobs']}" if r.get("jobs", 1) > 1 else "")
+        + (" --reuse ENGINE_JSON" if any("reused_from" in v for v in r.get("parts", {}).values()) else "")
+        + "`", "",
         f"Model: random-weight Llama, d={r['model']['hidden_size']}, {r['model']['num_hidden_layers']} layers, "
         f"{r['model']['num_attention_heads']} query / {r['model']['num_key_value_heads']} KV heads, "
         f"vocab {r['model']['vocab_size']}, fp32.",
@@ -623,11 +626,13 @@ def report(r) -> str:
         f"output tok/s with static batching against about {pub['continuous_tokens_per_s']:,.0f} with "
         f"continuous batching ({pub['continuous_tokens_per_s'] / pub['static_tokens_per_s']:.0f}x): "
         f"{pub['setting']}.", "",
-        "### The gap grows with the wave", "",
+        "### Wave size", "",
         "A static wave runs until its longest member is done. For exponential output lengths the "
         "expected longest of n draws is H_n = 1 + 1/2 + ... + 1/n times the mean, so a bigger wave "
-        "waits longer on average. Same workload, memory to spare, only the seat count changes "
-        "(output tokens per CPU-second):", "",
+        "waits longer on average, in steps. On this CPU a step costs about in proportion to its rows, "
+        "so waiting itself costs little CPU time: continuous / ragged in CPU time mostly measures how "
+        "well each step's fixed cost is shared. Same workload, memory to spare, only the seat count "
+        "changes (output tokens per CPU-second):", "",
         "| seats | H_n | continuous | static ragged | static padded | continuous / ragged | "
         "continuous / padded | steps padded / continuous |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
