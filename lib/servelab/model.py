@@ -320,10 +320,17 @@ class Attention(nn.Module):
         Everything else (projections, RoPE, ``o_proj``) is this layer's own code.
         """
         if getattr(cache, "ragged", False):
-            T = x.shape[0]
+            T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
             q, k, v = _apply_linears(self, "fused_qkv", (self.q_proj, self.k_proj, self.v_proj), x)
-            q = _rope_rows(q.view(T, self.num_heads, self.head_dim), cos, sin)
-            k = _rope_rows(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+            base = q._base
+            if (base is not None and k._base is base and base.dim() == 2 and q.data_ptr() == base.data_ptr()
+                    and k.data_ptr() == base.data_ptr() + H * D * base.element_size()):
+                # fused: Q and K sit side by side in one output, so one RoPE call rotates both
+                qk = _rope_rows(base[:, :(H + KVH) * D].view(T, H + KVH, D), cos, sin)
+                q, k = qk[:, :H], qk[:, H:]
+            else:
+                q = _rope_rows(q.view(T, H, D), cos, sin)
+                k = _rope_rows(k.view(T, KVH, D), cos, sin)
             o = cache.attend(self.layer_idx, q, k, v.view(T, self.num_kv_heads, self.head_dim), self.scale)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
         q, k, v = self.project(x, cos, sin)
