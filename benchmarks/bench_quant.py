@@ -106,12 +106,17 @@ def interleaved(models: dict, rounds: int, repeats: int, context: int) -> dict:
     return {"times_s": times, "median_s": {k: statistics.median(v) for k, v in times.items()}, "speedup": ratios}
 
 
-def sweep(models: dict, batches, repeats: int, context: int) -> dict:
+def sweep(models: dict, batches, repeats: int, context: int, rounds: int = 2) -> dict:
+    """Step time per batch and format, interleaved (every format at one batch, then the next),
+    the fastest of ``rounds`` passes: the formats share whatever the machine was doing."""
+    steps = {(name, b): Step(m, b, context) for b in batches for name, m in models.items()}
+    best = {key: float("inf") for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            best[key] = min(best[key], step.seconds(repeats))
     out = {}
-    for name, model in models.items():
-        rows = []
-        for b in batches:
-            rows.append({"batch": b, "seconds": Step(model, b, context).seconds(repeats)})
+    for name in models:
+        rows = [{"batch": b, "seconds": best[(name, b)]} for b in batches]
         base = rows[0]["seconds"]
         for r in rows:
             r["vs_batch1"] = r["seconds"] / base

@@ -290,3 +290,11 @@ def test_outlier_demo_orders_the_fixes():
     assert e["rescaled channel, per-channel int8"] < e["per-tensor int8"] / 5
     assert e["channel kept in high precision"] < e["per-tensor int8"] / 5
     assert e["int8, groups of 128"] < e["per-tensor int8"]
+
+
+def test_a_fused_model_is_unfused_and_gives_the_same_logits():
+    ids = torch.tensor([[1, 5, 9, 3]])
+    plain = Q.quantize_model(_tiny_model(), "int8")
+    fused = Q.quantize_model(_tiny_model().fuse_projections(), "int8")
+    assert all(layer.self_attn.fused_qkv is None and layer.mlp.fused_gate_up is None for layer in fused.layers)
+    assert torch.allclose(plain(ids), fused(ids), atol=1e-6)

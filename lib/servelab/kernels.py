@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "Op", "SEQUENCES", "bytes_moved", "rmsnorm_residual", "swiglu", "fusion_measurement",
-    "op_overhead_seconds", "count_ops", "step_overhead", "compile_step",
+    "op_overhead_seconds", "count_ops", "decode_step", "step_overhead", "compile_step",
     "flash_attention", "tile_bytes", "H100_SMEM_PER_SM", "H100_L1_SMEM_PER_SM", "H100_REGISTERS_PER_SM",
     "H100_SMS", "overlap_measurement", "time_call",
 ]
@@ -249,7 +249,11 @@ def count_ops(fn: Callable[[], Any]) -> Counter:
     return counts
 
 
-def _decode_step(model, batch: int = 1, context: int = 16):
+def decode_step(model, batch: int = 1, context: int = 16):
+    """A repeatable decode step of ``model``: ``batch`` new tokens after ``context`` cached ones.
+
+    Returns a function that runs one step and crops the cache back, so every call is the same step.
+    """
     g = torch.Generator().manual_seed(0)
     cache = model.new_cache(batch_size=batch, max_len=context + 1)
     cache.k.normal_(generator=g)
@@ -273,7 +277,7 @@ def step_overhead(model, batch: int = 1, context: int = 16, repeats: int = 20,
     ``overhead_share = ops x op_seconds / step_seconds`` (capped at 1): the part of the
     step that would remain with infinitely fast arithmetic and memory.
     """
-    step = _decode_step(model, batch, context)
+    step = decode_step(model, batch, context)
     ops = count_ops(step)
     n_ops = sum(ops.values())
     op_s = op_overhead_seconds() if op_seconds is None else op_seconds
@@ -290,12 +294,12 @@ def compile_step(model, batch: int = 1, context: int = 16, repeats: int = 20) ->
     """
     import copy
 
-    step = _decode_step(model, batch, context)
+    step = decode_step(model, batch, context)
     eager_s = time_call(step, repeats)
     ref = step()
     compiled_model = copy.deepcopy(model)
     compiled_model.forward = torch.compile(compiled_model.forward, dynamic=False)
-    cstep = _decode_step(compiled_model, batch, context)
+    cstep = decode_step(compiled_model, batch, context)
     t0 = time.perf_counter()
     out = cstep()
     compile_s = time.perf_counter() - t0

@@ -96,7 +96,7 @@ INT8_MAX = 127
 INT4_MIN, INT4_MAX = -8, 7
 #: Up to this many activation rows (tokens in a step) the int8/int4 kernels run;
 #: above it a dense matmul on the dequantized matrix is faster on a CPU.
-KERNEL_MAX_ROWS = 16
+KERNEL_MAX_ROWS = 32
 
 
 def get_format(scheme: str) -> Format:
