@@ -21,8 +21,8 @@ exactly ``output`` tokens, so both sides do the same work.
    <= 5 ms.
 3. **Latency against request rate**: Poisson arrivals at fractions of the
    measured saturation rate; TTFT, TPOT and E2E percentiles and the achieved
-   throughput at each. The *knee* is the last rate whose median TTFT stays
-   within 3x the lowest rate's (past it, requests queue).
+   throughput at each. The *knee* is the last rate before the median TTFT first
+   leaves 3x the lowest rate's (past it, requests queue).
 """
 from __future__ import annotations
 
@@ -219,9 +219,10 @@ def main(argv=None) -> int:
             sweep.append({"fraction_of_saturation": frac, "offered_rps": rate, **summarize_load(s)})
         base = sweep[0]["ttft_s"]["p50"]
         knee = None
-        for row in sweep:
-            if row["ttft_s"]["p50"] <= KNEE_FACTOR * base:
-                knee = row
+        for row in sweep:  # the knee: the last rate before the median TTFT first leaves the band
+            if row["ttft_s"]["p50"] > KNEE_FACTOR * base:
+                break
+            knee = row
         result["rate_sweep"] = {"saturation_rps_estimate": sat_rps, "rows": sweep, "knee_factor": KNEE_FACTOR,
                                 "knee_offered_rps": knee["offered_rps"] if knee else None,
                                 "knee_fraction": knee["fraction_of_saturation"] if knee else None}
@@ -291,8 +292,9 @@ def write_md(r: dict, path: Path) -> None:
                      f"{row['e2e_s']['p50'] * 1e3:.0f} |")
     knee = (f"{sw['knee_offered_rps']:.1f} requests/s ({sw['knee_fraction']:.2f} x the saturation estimate)"
             if sw["knee_offered_rps"] is not None else "not reached")
-    lines += ["", f"Knee (last rate whose median TTFT stays within {sw['knee_factor']:.0f}x the lowest "
-              f"rate's): {knee}.", ""]
+    lines += ["", f"Knee (the last rate before the median TTFT first exceeds {sw['knee_factor']:.0f}x the "
+              f"lowest rate's): {knee}. Other processes shared this machine's cores (see the load average "
+              "above), so single rows are noisy; the shape, flat and then rising, is the result.", ""]
     path.write_text("\n".join(lines))
 
 
