@@ -195,7 +195,10 @@ def allreduce_seconds(nbytes: float, link: Link | str, world_size: int = 8, algo
     """Time of one all-reduce of an ``nbytes`` tensor among ``world_size`` chips.
 
     * ``"simple"`` -- the guide's model: one latency plus ``nbytes / bandwidth``
-      (every chip's share of the message crosses its link once).
+      (the whole message crosses each chip's link once). A floor: only a switch
+      that adds inside the fabric (NVLink SHARP) comes close; a ring sends
+      ``2 (p - 1) / p`` of the message, and the headline NVLink bandwidth counts
+      both directions.
     * ``"ring"`` -- the textbook ring: reduce-scatter then all-gather,
       ``2 (p - 1)`` steps of ``nbytes / p`` each, so
       ``2 (p - 1) alpha + 2 (p - 1) / p * nbytes / bandwidth``. Close to twice
