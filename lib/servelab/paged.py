@@ -139,15 +139,6 @@ class BlockTable:
     num_registered_blocks: int = 0
 
     @property
-    def num_tokens(self) -> int:
-        """Deprecated name of :attr:`num_filled_slots` (it never counted the sequence's tokens)."""
-        return self.num_filled_slots
-
-    @num_tokens.setter
-    def num_tokens(self, value: int) -> None:
-        self.num_filled_slots = value
-
-    @property
     def capacity(self) -> int:
         return len(self.block_ids) * self.block_size
 
