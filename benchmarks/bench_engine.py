@@ -359,6 +359,22 @@ def setup(quick: bool):
 AMPLE_BLOCKS = {False: 8192, True: 512}  # blocks of 16: room for every seat at its longest
 
 
+def code_version() -> str:
+    """The servelab measured: the checkout's HEAD commit, and whether lib/ has local changes."""
+    import servelab
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "lib"], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"servelab from {Path(servelab.__file__).parent} (no git)"
+    where = Path(servelab.__file__).resolve().parents[1]
+    if where != (ROOT / "lib").resolve():
+        return f"servelab from {where} (checkout HEAD {head})"
+    return head + (" + local changes in lib/" if dirty else "")
+
+
 def workload_description(overrides: dict) -> dict:
     """The workload's distributions in words, from ``mixed_workload``'s defaults and ``overrides``."""
     import inspect
@@ -496,6 +512,9 @@ def main(argv=None):
     ap.add_argument("--reuse-parts", default="transformers",
                     help="comma-separated parts taken from --reuse instead of measured (default: "
                          "transformers, which does not depend on this engine's code)")
+    ap.add_argument("--code", default=None,
+                    help="what code is measured, for the record (default: the checkout's HEAD commit, "
+                         "plus '+ local changes' when lib/ differs from it)")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -509,7 +528,7 @@ def main(argv=None):
     started = time.perf_counter()
     desc = workload_description(cfg["workload"])
     r = {"quick": args.quick, "machine": machine(), "model": shape, "requests": cfg["requests"],
-         "seats": cfg["seats"], "jobs": max(args.jobs, 1),
+         "seats": cfg["seats"], "jobs": max(args.jobs, 1), "code": args.code or code_version(),
          "workload": {**desc, "prompt_tokens": sum(len(w.prompt_token_ids) for w in workload),
                       "output_tokens": sum(w.max_tokens for w in workload), "arrival": "all at t=0"},
          "published_static_vs_continuous": published()}
@@ -582,6 +601,7 @@ def report(r) -> str:
         + (f" --jobs {r['jobs']}" if r.get("jobs", 1) > 1 else "")
         + (" --reuse ENGINE_JSON" if any("reused_from" in v for v in r.get("parts", {}).values()) else "")
         + "`", "",
+        f"Code measured: {r.get('code', 'not recorded')}.", "",
         f"Model: random-weight Llama, d={r['model']['hidden_size']}, {r['model']['num_hidden_layers']} layers, "
         f"{r['model']['num_attention_heads']} query / {r['model']['num_key_value_heads']} KV heads, "
         f"vocab {r['model']['vocab_size']}, fp32.",
