@@ -454,7 +454,8 @@ def reuse_parts(path, which: str, names, r) -> dict[str, dict]:
             raise ValueError(f"--reuse-parts: unknown part {name!r}; parts are {names}")
         if name != "transformers" and not name.startswith("sweep:"):
             raise ValueError(f"--reuse-parts: only transformers and sweep:N can be reused, not {name!r}")
-        info = dict(old["parts"][name], reused_from=f"{path} ({old['machine']['date']})")
+        info = dict(old["parts"][name], reused_from=f"the run of {old['machine']['date']}"
+                    + (f", code {old['code']}" if old.get("code") else ""))
         if name == "transformers":
             info["transformers"] = old["transformers"]
         elif name.startswith("sweep:"):
