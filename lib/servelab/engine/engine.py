@@ -58,7 +58,8 @@ class LLMEngine:
     """
 
     def __init__(self, runner, config: EngineConfig | None = None, tokenizer=None,
-                 eos_token_ids=(), seed: int = 0, keep_step_log: bool = True):
+                 eos_token_ids=(), seed: int = 0, keep_step_log: bool = True,
+                 spec_decoder=None):
         self.config = config or EngineConfig()
         self.runner = runner
         self.tokenizer = tokenizer
@@ -72,9 +73,11 @@ class LLMEngine:
         self.step_log: list[StepStats] = []
         self.num_steps = 0
         self._step_outputs: list[RequestOutput] | None = None  # set while a step runs
+        self.spec_decoder = spec_decoder  # servelab.engine.spec_decode.SpecDecoder, or None
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None, **config) -> "LLMEngine":
+    def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None,
+                   speculative_config=None, **config) -> "LLMEngine":
         """Build an engine (paged pool included) around a :class:`servelab.model.LlamaModel`.
 
         ``max_model_len`` defaults to the model's ``max_position_embeddings``, or
@@ -101,7 +104,11 @@ class LLMEngine:
         eos = model.config.eos_token_ids
         if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
             eos = [tokenizer.eot_token]
-        return cls(runner, cfg, tokenizer, eos_token_ids=eos, seed=seed)
+        spec = None
+        if speculative_config is not None:  # vLLM's dict: {"model": ..., "num_speculative_tokens": k}
+            from servelab.engine.spec_decode import SpecDecoder
+            spec = SpecDecoder(speculative_config, model, cfg.max_model_len)
+        return cls(runner, cfg, tokenizer, eos_token_ids=eos, seed=seed, spec_decoder=spec)
 
     # -- requests -------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params=None, *,
@@ -188,7 +195,11 @@ class LLMEngine:
         """Plan, run, sample, check stops. Returns an output per request that
         got a token or finished in this step."""
         t0 = time.perf_counter()
+        spec = self.spec_decoder
+        drafts = spec.propose(self.scheduler.running, self.sampler.generator) if spec else {}
         plan = self.scheduler.schedule()
+        if drafts:
+            spec.fit_plan(plan, drafts, self.scheduler.running)
         if plan.is_empty:
             if self.has_unfinished_requests():  # admission checks make this unreachable
                 raise RuntimeError("the scheduler planned nothing while requests are waiting; "
@@ -196,12 +207,18 @@ class LLMEngine:
             return []
         num_decodes = sum(1 for s in plan.scheduled
                           if s.num_new_tokens == 1 and s.start >= s.seq.num_prompt_tokens)
+        num_decodes += sum(d.num_rows for d in drafts.values())  # a verify pass's rows decode too
         step = prepare_step(plan)
         logits = self.runner.execute(step)
         self.scheduler.commit(plan)
         sampling, rows, r = [], [], 0
+        verifying = []  # (sequence, its drafts, its rows of logits)
         for s in plan.scheduled:  # logits come in plan order, num_logits rows each
             r += s.num_logits
+            d = drafts.get(id(s.seq))
+            if d is not None:
+                verifying.append((s.seq, d, logits[r - s.num_logits:r]))
+                continue
             if s.samples and s.num_logits:
                 sampling.append(s.seq)
                 rows.append(r - 1)  # a sequence samples from its last row
@@ -215,6 +232,18 @@ class LLMEngine:
                 if seq.is_finished:  # aborted by a callback earlier in this step
                     continue
                 outputs.append(self._append_token(seq, token, now))
+            for seq, d, seq_rows in verifying:
+                if seq.is_finished:  # aborted by a callback: its drafts never count
+                    del seq.token_ids[d.num_tokens_before:]
+                    continue
+                kept = spec.verify(seq, d, seq_rows, self.sampler.generator)
+                for j, token in enumerate(kept):  # one output per request, after its last token
+                    out = self._append_token(seq, token, now, emit=j == len(kept) - 1)
+                    if seq.is_finished:
+                        break
+                outputs.append(out)
+                if not seq.is_finished:  # keep the K/V of the tokens kept, free the rest
+                    self.scheduler.truncate(seq, seq.num_tokens)
         finally:
             self._step_outputs = None
         self.num_steps += 1
@@ -226,7 +255,9 @@ class LLMEngine:
                 kv_blocks_used=self.scheduler.kv.allocator.num_used, duration=now - t0))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, now: float, emit: bool = True) -> RequestOutput | None:
+        """Append one token and apply the stop rules. ``emit=False`` (a speculative
+        run's tokens before its last) reports nothing unless the sequence finishes."""
         seq.token_ids.append(token)
         m = seq.metrics
         if m.first_token_time is None:
@@ -252,6 +283,8 @@ class LLMEngine:
                 detok.flush()  # the end: show any half-decoded character as is
                 seq.output_text = detok.text
             self.scheduler.finish(seq, reason, stop_reason)
+        if not emit and not seq.is_finished:
+            return None
         cb = self._callbacks.get(seq.request_id)
         out = self._output(seq, eager=cb is not None)
         if seq.is_finished:
@@ -288,6 +321,8 @@ class LLMEngine:
                              delta_text=delta_text, delta_token_ids=delta_ids)
 
     def _release(self, seq: Sequence, out: RequestOutput) -> None:
+        if self.spec_decoder is not None:
+            self.spec_decoder.release(seq.request_id)
         cb = self._callbacks.pop(seq.request_id, None)
         if cb is not None:
             cb(out)

@@ -52,7 +52,8 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  long_prefill_token_threshold: int | None = None, max_model_len: int | None = None,
-                 dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None):
+                 dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None,
+                 speculative_config: dict | None = None):
         from servelab.model import LlamaModel, load_pretrained
         folder = None
         if not isinstance(model, LlamaModel):
@@ -70,6 +71,7 @@ class LLM:
             num_kv_blocks = -(-pool // block_size)
         self.engine = LLMEngine.from_model(
             model, tokenizer, seed=seed, kv_dtype=kv_dtype, block_size=block_size,
+            speculative_config=speculative_config,
             num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             enable_chunked_prefill=enable_chunked_prefill,
