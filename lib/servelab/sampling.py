@@ -196,8 +196,10 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
     if not (len(params) == len(generators) == logits.shape[0]):
         raise ValueError(f"need one SamplingParams and one generator per row: got {len(params)}, "
                          f"{len(generators)} for {logits.shape[0]} rows")
-    out = torch.empty(logits.shape[0], dtype=torch.long)
     greedy = [i for i, p in enumerate(params) if p.greedy]
+    if len(greedy) == len(params):  # the common serving case: one argmax, no indexing
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.long)
     if greedy:
         out[greedy] = logits[greedy].argmax(dim=-1)
     for i, p in enumerate(params):
