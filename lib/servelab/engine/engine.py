@@ -282,6 +282,12 @@ class LLMEngine:
             if detok is not None and not isinstance(stop_reason, str):
                 detok.flush()  # the end: show any half-decoded character as is
                 seq.output_text = detok.text
+                # the flushed characters may complete a stop string: it still ends the text there
+                found = checker.check_text(seq.output_text, seq.emitted_text_len, n_out)
+                if found is not None:
+                    end, stop_reason = found
+                    seq.output_text = seq.output_text[:end]
+                    reason = "stop"
             self.scheduler.finish(seq, reason, stop_reason)
         if not emit and not seq.is_finished:
             return None
