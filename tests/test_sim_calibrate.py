@@ -111,4 +111,4 @@ def test_speed_probe_scales_the_model(run):
     assert cal.speed_factor(run, model) == pytest.approx(2.0)
     slow = model.scaled(2.0)
     assert slow.step_s(run.shapes[0]) == pytest.approx(2 * model.step_s(run.shapes[0]))
-    assert cal.compare(run, model).predicted == cal.compare(run, slow, normalise=False).predicted
+    assert cal.compare(run, model, normalise=True).predicted == cal.compare(run, slow).predicted

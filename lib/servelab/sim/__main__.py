@@ -43,7 +43,8 @@ def cmd_check(a) -> int:
     run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace))
     f = calibrate.speed_factor(run, model)
     if f != 1.0:
-        print(f"this machine runs {f:.2f}x the fit's step time right now (speed probe); the model is scaled")
+        print(f"speed probe: this machine ran the probe {f:.2f}x as slowly as during the fit "
+              f"(not applied; a large factor means a busier machine and larger errors)")
     if a.save_run:
         with open(a.save_run, "w") as f:
             json.dump(run.to_dict(), f)

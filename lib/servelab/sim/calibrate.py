@@ -260,11 +260,13 @@ def speed_factor(run: EngineRun, step_model) -> float:
     return p_run / p_fit if p_run and p_fit else 1.0
 
 
-def compare(run: EngineRun, step_model, normalise: bool = True) -> Comparison:
+def compare(run: EngineRun, step_model, normalise: bool = False) -> Comparison:
     """Simulate the run's trace with ``step_model`` and set it beside the measurement.
 
     ``normalise``: scale the model by :func:`speed_factor` (the speed probe run
     just before the trace against the fit runs' probes), when both were measured.
+    Off by default: on a shared machine the probe's few seconds did not track
+    the speed over a run's minutes (benchmarks/results/sim.md).
     """
     if normalise and hasattr(step_model, "scaled"):
         f = speed_factor(run, step_model)
