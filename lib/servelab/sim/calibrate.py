@@ -327,6 +327,7 @@ WORKLOADS = {
         "heavy, short": (SHORT, 0.8, {}, "base"),
         "long prompts": (LONG_PROMPTS, 0.6, {}, "base"),
         "long answers": (LONG_ANSWERS, 0.6, {}, "base"),
+        "chunk 256": (MIXED, 0.5, {}, "chunk256"),
     },
     "held_out": {
         "medium rate": (SHORT, 0.6, {}, "base"),
@@ -340,6 +341,8 @@ CONFIGS = {
     "base": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024),
     "chunk": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024,
                            long_prefill_token_threshold=128),
+    "chunk256": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024,
+                              long_prefill_token_threshold=256),
 }
 
 
@@ -347,7 +350,7 @@ def calibration_workloads(probe_model, quick: bool = False) -> dict:
     """{"fit": {name: (trace, config)}, "held_out": {...}}: the held-out workloads differ from
     the fit set in rate, arrival burstiness, length mix, chunk size and prefix hits. Sized for
     the course's small model (context 1,024 tokens)."""
-    n = 24 if quick else 80
+    n = 24 if quick else 60
     out = {}
     for part, specs in WORKLOADS.items():
         out[part] = {}
