@@ -96,7 +96,9 @@ def test_unknown_exercise_name_is_a_clear_error(tmp_path):
 def test_every_exercise_and_solution_names_its_exercise_in_metadata():
     for path in EXERCISES + SOLUTIONS:
         meta = json.loads(path.read_text())["metadata"].get("servelab", {})
-        assert meta.get("exercise") == path.stem, f"{path}: metadata.servelab.exercise must be {path.stem!r}"
+        assert meta.get("exercise") == path.stem, (
+            f"{path.relative_to(ROOT)}: add to the notebook's top-level metadata "
+            f'"servelab": {{"exercise": "{path.stem}"}} (so renamed copies grade)')
 
 
 def test_a_renamed_copy_grades_from_its_metadata(tmp_path):
