@@ -12,7 +12,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
 PYTEST_ARGS ?=
 
-.PHONY: setup book test lab browser clean-book lint-notebooks bench
+.PHONY: setup book test lab browser clean-book lint-notebooks bench serve profile
 
 setup: $(STAMP)
 
@@ -43,13 +43,27 @@ test: setup browser
 lab: setup
 	$(VENV)/bin/jupyter lab chapters
 
-# Every speed and memory claim, rerun (about half an hour, one thread); results land in
+# The OpenAI-compatible server over the course model (chapter 1), on 127.0.0.1:8000.
+serve: setup
+	$(PY) -m servelab.server --model data/models/servelab-main --port 8000
+
+# Where one engine step's time goes, phase by phase (chapter 17).
+profile: setup
+	$(PY) -m servelab.engine.profile
+
+# Every speed and memory claim, rerun (about an hour, one thread); results land in
 # benchmarks/results/ beside the machine that made them. Re-execute the chapters that
 # read them afterwards (see benchmarks/README.md).
 bench: setup
 	$(PY) benchmarks/bench_bpe.py
 	$(PY) benchmarks/bench_roofline.py || echo "bench_roofline: a speed goal was missed (see benchmarks/results/roofline.md)"
 	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_server.py
+	$(PY) benchmarks/bench_speculative.py
+	$(PY) benchmarks/bench_quant.py
+	$(PY) benchmarks/bench_kernels.py
+	$(PY) benchmarks/bench_parallel.py
+	$(PY) benchmarks/bench_sim.py
 
 clean-book:
 	rm -rf _build
