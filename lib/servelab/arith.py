@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: The share of a chip's usable memory the weights may take when planning a
-#: replica. The seed guide uses about 60%: the rest holds every running
+#: replica. The 200B running example uses about 60%: the rest holds every running
 #: conversation's KV cache, working buffers, communication buffers and compiled
 #: programs. A planning rule of thumb, not a hardware fact.
 WEIGHTS_MEMORY_SHARE = 0.6
@@ -244,7 +244,7 @@ def chips_per_replica(weights: float, chip: Chip | str, share: float = WEIGHTS_M
                       group_sizes: tuple[int, ...] = GROUP_SIZES) -> int:
     """Chips one replica needs: enough for the weights at ``share``, rounded up to a group.
 
-    The seed's 200 GB example on B200s (180 GB usable, 60% share = 108 GB each)
+    The 200B running example's 200 GB on B200s (180 GB usable, 60% share = 108 GB each)
     needs 2 chips, so a replica is one 8-chip box.
     """
     return round_to_group(chips_for_weights(weights, chip, share), group_sizes)

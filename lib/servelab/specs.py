@@ -311,7 +311,7 @@ QWEN25_7B = _register(ModelConfig(
     nominal_params=7.6e9, architecture="Qwen2ForCausalLM",
     source="https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json"))
 
-# The seed guide's running example: a 200B-parameter dense model served at 8 bits,
+# The 200B running example of a widely shared illustrated serving guide: a 200B-parameter dense model served at 8 bits,
 # 80 layers, 8 KV heads of 128 numbers (160 KB of cache per token at 1 byte).
 # Width and vocabulary follow its other examples (12,288 wide, 150,000 entries); the
 # guide gives no MLP width, so 57,600 (gated) is chosen to make the shape count ~200B.
@@ -320,8 +320,8 @@ EXAMPLE_200B = _register(ModelConfig(
     num_hidden_layers=80, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
     nominal_params=200e9, architecture="Example",
     rms_norm_eps=1e-5,  # an illustration: the field keeps its earlier value
-    source="the course's seed guide 'Inside LLM serving' (running example; an illustration, "
-           "not a real model)"))
+    source="the 200B running example of a widely shared illustrated guide to LLM serving "
+           "(an illustration, not a real model)"))
 
 
 def get_model(name: str | ModelConfig) -> ModelConfig:
