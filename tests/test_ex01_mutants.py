@@ -22,6 +22,9 @@ def make_timing(*, tpot="right", itl_from_send=False, one_token_zero=False, chec
             pace = 0.0 if one_token_zero else None
         elif tpot == "right":
             pace = (times[-1] - times[0]) / (n - 1)
+        elif tpot == "median_gap":             # the typical gap, not the average pace
+            pace = sorted(gaps)[len(gaps) // 2] if len(gaps) % 2 else \
+                (sorted(gaps)[len(gaps) // 2 - 1] + sorted(gaps)[len(gaps) // 2]) / 2
         elif tpot == "over_n":                 # n - 1 gaps, divided by n
             pace = (times[-1] - times[0]) / n
         else:                                  # "with_ttft": the queue and prefill folded in
@@ -52,6 +55,8 @@ def make_streamer(*, holdback=True, search="all", flush=True, hold_all=False):
             text += piece
             if search == "all":
                 hits = [i for s in stops if (i := text.find(s)) != -1]
+            elif search == "list_order":       # the first stop in the list that matches
+                hits = next(([text.find(s)] for s in stops if s in text), [])
             else:                              # only looks inside the new piece
                 hits = [before + i for s in stops if (i := piece.find(s)) != -1]
             if hits:
@@ -61,6 +66,8 @@ def make_streamer(*, holdback=True, search="all", flush=True, hold_all=False):
                 continue
             if hold_all:
                 safe = shown
+            elif holdback == "piece":          # looks for a stop's start in the new piece only
+                safe = max(len(text) - _held(piece, stops), shown)
             elif holdback:
                 safe = max(len(text) - _held(text, stops), shown)
             else:
@@ -106,14 +113,15 @@ def test_right_answers_pass():
     assert grade_question(ex.Q3, make_bill()).passed
 
 
-@pytest.mark.parametrize("kw", [dict(tpot="over_n"), dict(tpot="with_ttft"), dict(itl_from_send=True),
+@pytest.mark.parametrize("kw", [dict(tpot="over_n"), dict(tpot="median_gap"), dict(tpot="with_ttft"), dict(itl_from_send=True),
                                 dict(one_token_zero=True), dict(check=False)])
 def test_q1_mistakes_lose_q1(kw):
     r = grade_question(ex.Q1, make_timing(**kw))
     assert not r.passed and r.points == 0, kw
 
 
-@pytest.mark.parametrize("kw", [dict(holdback=False), dict(search="piece"), dict(flush=False),
+@pytest.mark.parametrize("kw", [dict(holdback=False), dict(holdback="piece"),
+                                dict(search="piece"), dict(search="list_order"), dict(flush=False),
                                 dict(hold_all=True)])
 def test_q2_mistakes_lose_q2(kw):
     r = grade_question(ex.Q2, make_streamer(**kw))
