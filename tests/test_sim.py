@@ -329,3 +329,19 @@ def test_roofline_for_any_registry_chip():
     assert b200.step_s(shape) < RooflineStepModel.for_tier("large").step_s(shape)
     with pytest.raises(ValueError, match="chip"):
         RooflineStepModel.for_chip("Llama-3-8B", 8e9, "TPU-v9")
+
+
+def test_row_count_bins_fit_a_step_that_is_not_linear_in_rows():
+    # 1 row: 5 ms; 2-3 rows: 10 ms (a slow small-matrix kernel); then +0.1 ms a row
+    def true(rows):
+        return 0.005 if rows == 1 else (0.010 if rows < 4 else 0.010 + 1e-4 * (rows - 3))
+    shapes = [StepShape(0, r, 100 * r, 0.0, 0, 0) for r in list(range(1, 40)) * 3]
+    y = [true(s.decode_rows) for s in shapes]
+    plain = fit_linear(shapes, y, features=("decode_rows",))
+    binned = fit_linear(shapes, y, features=("decode_rows",), bins=(2, 4))
+    err = lambda m: max(abs(m.step_s(s) - t) / t for s, t in zip(shapes, y))  # noqa: E731
+    assert err(binned) < 0.01 < err(plain)
+    run = binned.decode_run_s(2, 200, 5)
+    assert run == pytest.approx(sum(binned.step_s(StepShape(0, 2, 200 + 2 * i)) for i in range(5)))
+    back = step_model_from_dict(json.loads(json.dumps(binned.to_dict())))
+    assert back.step_s(shapes[1]) == pytest.approx(binned.step_s(shapes[1]))

@@ -216,9 +216,13 @@ def git_commit() -> str:
         return "unknown"
 
 
+#: Row-count bins of the fitted model: small matrices do not cost in proportion to their rows.
+ROW_BINS = (2, 4, 8, 16, 32, 64)
+
+
 def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs",
-                                   "prefill_seqs")) -> LinearStepModel:
-    """Fit the linear step model to every recorded step of ``runs``."""
+                                   "prefill_seqs"), bins=ROW_BINS) -> LinearStepModel:
+    """Fit the linear step model (with an offset per row-count bin) to every recorded step of ``runs``."""
     shapes = [s for r in runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in runs])
     meta = {"runs": [r.label for r in runs]}
@@ -227,7 +231,7 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
     probes = [r.info.get("probe_s") for r in runs if r.info.get("probe_s")]
     if probes:
         meta["probe_s"] = float(np.median(probes))  # the machine's speed during the fit runs
-    return fit_linear(shapes, durs, features=features, meta=meta)
+    return fit_linear(shapes, durs, features=features, meta=meta, bins=bins)
 
 
 @dataclass

@@ -174,6 +174,11 @@ class LinearStepModel(StepModel):
     #: each step adds a residual drawn from them (the machine's noise: a shared CPU stalls).
     noise: tuple = ()
     noise_seed: int = 0
+    #: Extra cost by the step's row count (prompt tokens + decode rows): ``bin_costs[k]`` seconds when
+    #: ``bin_edges[k] <= rows < bin_edges[k + 1]`` (the last bin is open). Small matrices run
+    #: kernels whose cost is not linear in their rows (on some CPUs 2-3 rows cost twice one).
+    bin_edges: tuple = ()
+    bin_costs: tuple = ()
 
     def __post_init__(self):
         for name in ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks"):
@@ -181,6 +186,10 @@ class LinearStepModel(StepModel):
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"LinearStepModel.{name} must be a finite number >= 0, got {v!r}")
         self.noise = tuple(float(x) for x in self.noise)
+        self.bin_edges = tuple(int(x) for x in self.bin_edges)
+        self.bin_costs = tuple(float(x) for x in self.bin_costs)
+        if len(self.bin_edges) != len(self.bin_costs):
+            raise ValueError("bin_edges and bin_costs must have the same length")
         self.reset_noise()
 
     @property
@@ -200,38 +209,56 @@ class LinearStepModel(StepModel):
         return max(base + e, 0.2 * base)
 
     def without_noise(self) -> "LinearStepModel":
-        return LinearStepModel(*self.coefficients, meta=dict(self.meta))
+        return LinearStepModel(*self.coefficients, meta=dict(self.meta), bin_edges=self.bin_edges,
+                               bin_costs=self.bin_costs)
 
     def scaled(self, factor: float) -> "LinearStepModel":
         """Every step ``factor`` times as long (a machine that runs slower or faster right now)."""
         if not factor > 0:
             raise ValueError(f"factor must be positive, got {factor!r}")
         return LinearStepModel(*(c * factor for c in self.coefficients), meta=dict(self.meta),
-                               noise=tuple(x * factor for x in self.noise), noise_seed=self.noise_seed)
+                               noise=tuple(x * factor for x in self.noise), noise_seed=self.noise_seed,
+                               bin_edges=self.bin_edges, bin_costs=tuple(c * factor for c in self.bin_costs))
 
     @property
     def coefficients(self) -> tuple:
         return (self.a, self.b_prefill, self.c_decode, self.d_context, self.e_pairs, self.f_chunks)
 
+    def _bin(self, rows: int) -> float:
+        cost = 0.0
+        for edge, c in zip(self.bin_edges, self.bin_costs):
+            if rows >= edge:
+                cost = c
+            else:
+                break
+        return cost
+
     def step_s(self, shape: StepShape) -> float:
         base = (self.a + self.b_prefill * shape.prefill_tokens + self.c_decode * shape.decode_rows
                 + self.d_context * shape.decode_context + self.e_pairs * shape.prefill_pairs
                 + self.f_chunks * shape.prefill_seqs)
+        if self.bin_edges:
+            base += self._bin(shape.prefill_tokens + shape.decode_rows)
         return self._jitter(base) if self.noise else base
 
     def decode_lines(self, rows):
-        return [(self.a + self.c_decode * rows, self.d_context)]
+        return [(self.a + self.c_decode * rows + (self._bin(rows) if self.bin_edges else 0.0), self.d_context)]
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["noise"] = list(self.noise)
+        d["bin_edges"], d["bin_costs"] = list(self.bin_edges), list(self.bin_costs)
         d["kind"] = "linear"
         return d
 
     def describe(self) -> str:
-        return (f"{self.a * 1e3:.3f} ms + {self.b_prefill * 1e6:.2f} us/prompt token + "
+        text = (f"{self.a * 1e3:.3f} ms + {self.b_prefill * 1e6:.2f} us/prompt token + "
                 f"{self.c_decode * 1e6:.2f} us/decode row + {self.d_context * 1e9:.2f} ns/context token + "
                 f"{self.e_pairs * 1e9:.3f} ns/attention pair + {self.f_chunks * 1e6:.1f} us/prompt chunk")
+        if self.bin_edges:
+            text += ", plus by rows in the step: " + ", ".join(
+                f">={e}: {c * 1e3:+.2f} ms" for e, c in zip(self.bin_edges, self.bin_costs))
+        return text
 
 
 @dataclass
@@ -329,7 +356,7 @@ def step_model_from_dict(d: dict) -> StepModel:
 
 
 def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
-               weighting: str = "time", jitter: bool = False) -> LinearStepModel:
+               weighting: str = "time", jitter: bool = False, bins: tuple = ()) -> LinearStepModel:
     """Least squares with every coefficient >= 0 (an exact search over active sets).
 
     ``shapes``: :class:`StepShape` per step; ``durations``: seconds per step.
@@ -339,7 +366,8 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     ``"relative"`` weights each row by 1/duration (short decode steps count as
     much as long prefills, but the fit then runs low on noisy data).
     ``jitter``: keep the residuals' quantiles as the model's noise (see
-    :class:`LinearStepModel`).
+    :class:`LinearStepModel`). ``bins``: row-count bin edges (e.g. ``(2, 4, 8)``);
+    each bin gets its own offset, fitted without a sign constraint.
     """
     shapes = list(shapes)
     y = np.asarray(durations, dtype=float)
@@ -354,6 +382,13 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     if unknown:
         raise ValueError(f"unknown features {sorted(unknown)}; choose from {FEATURES}")
     X = np.array([s.features() for s in shapes], dtype=float)
+    bins = tuple(int(b) for b in bins)
+    if bins:
+        rows = np.array([s.prefill_tokens + s.decode_rows for s in shapes])
+        edges = np.array(bins + (np.inf,))
+        onehot = np.stack([(rows >= lo) & (rows < hi) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
+        X = np.hstack([X, onehot.astype(float)])
+    nb = len(bins)
     cols = [i for i, name in enumerate(FEATURES) if name in features or i == 0]
     if weighting not in ("time", "relative"):
         raise ValueError(f"weighting must be 'time' or 'relative', got {weighting!r}")
@@ -363,15 +398,16 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     yw = y * w
     best, best_err = None, math.inf
     others = cols[1:]
+    free = list(range(len(FEATURES), len(FEATURES) + nb))  # bin offsets: any sign
     for r in range(len(others), -1, -1):
         for subset in itertools.combinations(others, r):
-            use = [0, *subset]
+            use = [0, *subset, *free]
             coef, *_ = np.linalg.lstsq(Xw[:, use], yw, rcond=None)
-            if np.any(coef < 0):
+            if np.any(coef[: len(use) - nb] < 0):
                 continue
             err = float(np.sum((Xw[:, use] @ coef - yw) ** 2))
             if err < best_err - 1e-15:
-                full = np.zeros(len(FEATURES))
+                full = np.zeros(len(FEATURES) + nb)
                 full[use] = coef / scale[use]
                 best, best_err = full, err
     if best is None:
@@ -381,4 +417,10 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     info.update(n_steps=int(len(y)), median_abs_rel_err=float(np.median(np.abs(pred - y) / y)),
                 weighting=weighting)
     noise = tuple(np.quantile(y - pred, np.linspace(0, 1, 201)).tolist()) if jitter else ()
-    return LinearStepModel(*[float(c) for c in best], meta=info, noise=noise)
+    base = best[:len(FEATURES)]
+    a = float(base[0])
+    costs = [float(c) for c in best[len(FEATURES):]]
+    if costs and a + min(costs) < 0:  # keep every step's fixed part >= 0
+        raise ValueError("the fitted row-count offsets make a step's fixed cost negative; use fewer bins")
+    return LinearStepModel(*[float(c) for c in base], meta=info, noise=noise, bin_edges=bins,
+                           bin_costs=tuple(costs))
