@@ -161,3 +161,18 @@ def test_a_perfect_draft_is_always_accepted_and_saves_steps():
     _run(eng, PROMPTS, SamplingParams(temperature=1.0, max_tokens=12, seed=3, ignore_eos=True))
     assert eng.spec_decoder.stats.acceptance_rate > 0.99
     _assert_pool_clean(eng)
+
+
+def test_stop_string_inside_an_accepted_run_cuts_the_text_there():
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "import os\nimport sys\nimport"]
+    plain = LLM(load_course_model("main"), max_num_seqs=4, num_kv_blocks=256)
+    free = plain.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    for out, prompt in zip(free, prompts):
+        text = out.outputs[0].text
+        stop = text[len(text) // 2:len(text) // 2 + 2]   # a piece of the middle of the answer
+        params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop], ignore_eos=True)
+        want = plain.generate([prompt], params)[0].outputs[0]
+        spec = LLM(load_course_model("main"), max_num_seqs=4, num_kv_blocks=256,
+                   speculative_config=NGRAM).generate([prompt], params)[0].outputs[0]
+        assert spec.text == want.text == text[:text.find(stop)]
+        assert spec.finish_reason == "stop" and spec.stop_reason == stop
