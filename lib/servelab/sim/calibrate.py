@@ -231,7 +231,15 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
     probes = [r.info.get("probe_s") for r in runs if r.info.get("probe_s")]
     if probes:
         meta["probe_s"] = float(np.median(probes))  # the machine's speed during the fit runs
-    return fit_linear(shapes, durs, features=features, meta=meta, bins=bins)
+    if bins:
+        # a bin needs enough steps to be measured; with too few the offsets can go negative
+        rows = np.array([s.prefill_tokens + s.decode_rows for s in shapes])
+        bins = tuple(b for b, nxt in zip(bins, (*bins[1:], np.inf)) if np.sum((rows >= b) & (rows < nxt)) >= 20)
+        try:
+            return fit_linear(shapes, durs, features=features, meta=meta, bins=bins)
+        except ValueError:
+            meta["note"] = "row-count bins dropped: their fitted offsets went negative"
+    return fit_linear(shapes, durs, features=features, meta=meta)
 
 
 @dataclass
