@@ -49,6 +49,9 @@ def test_the_solution_scores_every_question():
      "one scale for the whole list instead of per group"),
     ("np.clip(np.round(g / safe), -8, 7)", "np.clip(np.floor(g / safe), -8, 7)",
      "truncating instead of rounding"),
+    ("np.clip(np.round(g / safe), -8, 7)",
+     "np.clip(np.sign(g) * np.floor(np.abs(g / safe) + 0.5), -8, 7)",
+     "rounding halves away from zero instead of to even"),
 ])
 def test_q1_mutants(old, new, why):
     fns = _mutant(old, new)
@@ -77,6 +80,8 @@ def test_q2_mutants(old, new, why):
      "GiB instead of GB"),
     ("(bandwidth_gb_s * 1e9) * 1e3 + overhead_ms", "(bandwidth_gb_s * 1e9) * 1e3",
      "dropping the overhead"),
+    ("(bandwidth_gb_s * 1e9) * 1e3 + overhead_ms", "(bandwidth_gb_s * 1e9) + overhead_ms / 1e3",
+     "seconds instead of milliseconds"),
 ])
 def test_q3_mutants(old, new, why):
     fns = _mutant(old, new)
@@ -93,6 +98,12 @@ def test_reference_matches_the_library_when_scales_are_exact_in_bf16():
     lib = quant.fake_quantize(torch.tensor(w, dtype=torch.float32), "int4-g32").double().numpy()
     ref = np.array(hidden._int4_ref(w.reshape(-1).tolist(), 32)).reshape(4, 32)
     assert np.allclose(lib, ref, rtol=0, atol=1e-6)
+
+
+def test_a_float32_answer_keeps_q1():
+    """Quantization code runs in float32; the same algorithm must not lose the points to float64 digits."""
+    fns = _mutant("w = np.asarray(weights, dtype=np.float64)", "w = np.asarray(weights, dtype=np.float32)")
+    assert_keeps(EX, "q1", fns["int4_roundtrip"])
 
 
 def test_hidden_bits_come_from_the_library():

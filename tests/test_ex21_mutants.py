@@ -52,6 +52,10 @@ MUTANTS = [
     ("q3", "scores = block_q * block_k * 4", "scores = block_q * block_k * bytes_per_element",
      "scores in the input precision"),
     ("q3", "row_stats = 2 * block_q * 4", "row_stats = 0", "forgetting the running max and sum"),
+    ("q3", "output = block_q * head_dim * 4", "output = block_q * head_dim * bytes_per_element",
+     "the output accumulator in the input precision"),
+    ("q3", "inputs = (block_q + 2 * block_k) * head_dim * bytes_per_element",
+     "inputs = 3 * block_q * head_dim * bytes_per_element", "K and V tiles sized by the query block"),
 ]
 
 
