@@ -38,13 +38,14 @@ def rope_no_check(x, position, theta=10000.0):  # odd length silently accepted
 def _attention(q, k, v, mask=True, scale="sqrt", stable=True):
     q, k, v = (np.asarray(a, dtype=float) for a in (q, k, v))
     d = q.shape[-1]
-    scores = q @ k.T / (math.sqrt(d) if scale == "sqrt" else d)
+    scores = q @ k.T / {"sqrt": math.sqrt(d), "d": d, "none": 1.0}[scale]
     if mask:
         scores[np.triu(np.ones(scores.shape, dtype=bool), k=1)] = -np.inf
     if stable:
         scores = scores - scores.max(axis=1, keepdims=True)
-    w = np.exp(scores)
-    return w / w.sum(axis=1, keepdims=True) @ v
+    with np.errstate(over="ignore", invalid="ignore"):  # the unstable mutant
+        w = np.exp(scores)
+        return w / w.sum(axis=1, keepdims=True) @ v
 
 
 def _gqa(q, k, v, theta=10000.0, mapping="block", rope_keys=True, check=True):
@@ -96,7 +97,8 @@ def test_the_worked_solution_keeps_its_points(qid, name):
     ("q1", rope_no_check, "odd length accepted"),
     ("q2", lambda q, k, v: _attention(q, k, v, mask=False), "no causal mask"),
     ("q2", lambda q, k, v: _attention(q, k, v, scale="d"), "divided by d, not sqrt(d)"),
-    ("q2", lambda q, k, v: _attention(q, k, v, stable=False, scale="none"), "unscaled scores"),
+    ("q2", lambda q, k, v: _attention(q, k, v, scale="none"), "unscaled scores"),
+    ("q2", lambda q, k, v: _attention(q, k, v, stable=False), "softmax without subtracting the maximum"),
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, mapping="mod"), "head h reads KV head h % n_kv"),
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, rope_keys=False), "RoPE on queries only"),
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, check=False), "uneven groups accepted"),
