@@ -16,8 +16,8 @@ give the pool lab's readouts. Every step is an existing calculator:
   as the engine does, with the roofline step model of the tier. TTFT p95 and
   TPOT p95 include the wait for a seat and for other prompts' prefill.
 
-Defaults reproduce the seed's pool lab: 16 seats, 1,200-token prompt, 30% prefix
-hits -> 840 cache-miss tokens, ~22k KV tokens in use of ~464k, TTFT ~27 ms,
+Defaults reproduce a widely shared interview-prep pool lab: 16 seats, 1,200-token
+prompt, 30% prefix hits -> 840 cache-miss tokens, ~22k KV tokens in use of ~464k, TTFT ~27 ms,
 ~1,698 tokens/s of aggregate decode and ~$2,913 a month. Pure Python + numpy.
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ import numpy as np
 
 from servelab import arith, kvcache, roofline
 
-#: Hours in the billing month the seed lab uses (365 x 24 / 12 = 730).
+#: Hours in the billing month that pool lab uses (365 x 24 / 12 = 730).
 HOURS_PER_MONTH = 730.0
-#: Dollars per H100-hour of dedicated capacity. The seed lab does not print its
+#: Dollars per H100-hour of dedicated capacity. That pool lab does not print its
 #: rate; $3.99 is the value that reproduces its $2,913 month on one card
 #: (3.99 x 730 = 2,912.70). Pass your own quote as ``price_per_chip_hour``.
 POOL_CHIP_HOURLY_USD = 3.99
-#: Efficiencies of the seed's arithmetic: decode reads at 60% of peak
+#: Efficiencies of that lab's arithmetic: decode reads at 60% of peak
 #: bandwidth, prefill computes at 50% of peak bf16 operations.
 BANDWIDTH_EFFICIENCY = 0.6
 COMPUTE_EFFICIENCY = 0.5
