@@ -38,6 +38,30 @@ def softmax_zero_divides(logits, temperature):  # temperature 0 is not special-c
     return [x / sum(e) for x in e]
 
 
+def softmax_greedy_last_max(logits, temperature):  # a tie at T = 0 goes to the last maximum
+    if temperature < 0:
+        raise ValueError("negative temperature")
+    if temperature == 0:
+        best = max(range(len(logits)), key=lambda i: (logits[i], i))
+        return [1.0 if i == best else 0.0 for i in range(len(logits))]
+    m = max(logits)
+    e = [math.exp((x - m) / temperature) for x in logits]
+    return [x / sum(e) for x in e]
+
+
+def top_p_ties_to_larger_index(probs, p):  # sorted((p, i), reverse=True): ties keep the larger index
+    if not 0 < p <= 1:
+        raise ValueError("p must be in (0, 1]")
+    kept, mass = [], 0.0
+    for _, i in sorted(zip(probs, range(len(probs))), reverse=True):
+        if mass >= p:
+            break
+        kept.append(i)
+        mass += probs[i]
+    total = sum(probs[i] for i in kept)
+    return [probs[i] / total if i in kept else 0.0 for i in range(len(probs))]
+
+
 def _top_p(probs, p, keep_crossing=True, renormalise=True, sort=True):
     if not 0 < p <= 1:
         raise ValueError("p must be in (0, 1]")
@@ -88,6 +112,8 @@ def sample_argmax(probs, u):  # ignores u: greedy
     ("q1", softmax_no_max, "no max subtraction"),
     ("q1", softmax_times_t, "logits multiplied by T"),
     ("q1", softmax_zero_divides, "T = 0 divided by"),
+    ("q1", softmax_greedy_last_max, "a greedy tie sent to the last maximum"),
+    ("q2", top_p_ties_to_larger_index, "equal probabilities broken towards the larger index"),
     ("q2", lambda probs, p: _top_p(probs, p, keep_crossing=False), "the token that crosses p dropped"),
     ("q2", lambda probs, p: _top_p(probs, p, renormalise=False), "kept mass not renormalised"),
     ("q2", lambda probs, p: _top_p(probs, p, sort=False), "vocabulary order taken as probability order"),
