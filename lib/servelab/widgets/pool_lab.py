@@ -36,6 +36,21 @@ def pool_readout_html(r: PoolReadout, base: PoolReadout, other: PoolReadout) -> 
             f"<p>Same config, the other workload: {other.verdict()}.</p>")
 
 
+def _max_seats() -> int:
+    """The seats slider's top: at least 128, and every famous failure's seats (ipywidgets
+    clamps a value above ``max``, which would quietly undo a failure such as 400 seats)."""
+    asked = [f.broken.get("seats", 0) for f in pool.FAMOUS_FAILURES.values()]
+    asked += [f.fix.get("seats", 0) for f in pool.FAMOUS_FAILURES.values()]
+    return max(128, *asked)
+
+
+def _header(workload: str) -> str:
+    w = pool.WORKLOADS[workload]
+    return (f"<b>The serving pool</b>: first token under {w.slo_ttft_s * 1e3:,.0f} ms and a token every "
+            f"{w.slo_tpot_s * 1e3:,.0f} ms at p95, under ${w.budget_usd_per_month:,.0f} a month "
+            "(percentiles simulated at the peak)")
+
+
 def pool_lab(workload: str = "chat"):
     """Seats, model tier, prompt length, prefix hit rate and workload -> the pool's four readouts."""
     import ipywidgets as w
@@ -45,7 +60,7 @@ def pool_lab(workload: str = "chat"):
     knobs = {
         "workload": w.ToggleButtons(options=[(v.name, k) for k, v in pool.WORKLOADS.items()], value=workload,
                                     description="Workload", style=style),
-        "seats": w.IntSlider(value=16, min=1, max=128, description="Batch size (seats)", style=style,
+        "seats": w.IntSlider(value=16, min=1, max=_max_seats(), description="Batch size (seats)", style=style,
                              layout=layout, continuous_update=False),
         "tier": w.Dropdown(options=[(t.label, k) for k, t in kvcache.TIERS.items()], value="small",
                            description="Model tier", style=style, layout=layout),
@@ -117,6 +132,5 @@ def pool_lab(workload: str = "chat"):
     failures.observe(load_failure, names="value")
     fix.on_click(apply_fix)
     refresh()
-    return w.VBox([w.HTML("<b>The serving pool</b>: first token under 1,200 ms and a token every 100 ms "
-                          "at p95, under $6,500 a month (percentiles simulated at the peak)"),
+    return w.VBox([w.HTML(_header(workload)),
                    *knobs.values(), readout, w.HBox([failures, fix]), story])
