@@ -212,43 +212,46 @@ def serve(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = No
 # ---------------------------------------------------------------------------
 
 def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: str = "drop_lowest",
-         window_s: float = 10.0, min_output: int = 16) -> tuple[np.ndarray, np.ndarray]:
+         window_s: float = 10.0, min_output: int = 16, batch_reserve: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """Load shedding in front of the pool. Returns (kept mask, output tokens after capping).
 
-    Work is counted in tokens (prompt + output) over a sliding ``window_s``
-    against ``capacity_tokens_per_s``. ``drop_lowest``: when the window is
-    full, batch requests (priority 1) are dropped first; interactive ones only
-    when the window is over by more than a batch reserve of 10%.
-    ``cap_output``: nobody is dropped; answers are cut (down to ``min_output``)
-    to fit the window.
+    Work is counted in tokens (prompt + output) against an allowance that
+    refills continuously at ``capacity_tokens_per_s`` and holds at most
+    ``window_s`` seconds of it (a token bucket, starting full). ``drop_lowest``:
+    an interactive request (priority 0) is admitted while the allowance holds its
+    work; a batch request (priority 1) only while the allowance would keep a
+    reserve of ``batch_reserve`` x the bucket after it, so batch takes only what
+    interactive traffic leaves and interactive traffic within the capacity is
+    never dropped for batch. ``cap_output``: nobody is dropped; an answer is cut
+    (down to ``min_output``) to what the allowance holds.
     """
     if not capacity_tokens_per_s > 0:
         raise ValueError(f"capacity_tokens_per_s must be positive, got {capacity_tokens_per_s!r}")
     if policy not in ("drop_lowest", "cap_output"):
         raise ValueError(f"policy must be 'drop_lowest' or 'cap_output', got {policy!r}")
+    if not window_s > 0 or not 0 <= batch_reserve < 1:
+        raise ValueError(f"window_s must be positive and batch_reserve in [0, 1), got {window_s!r}, "
+                         f"{batch_reserve!r}")
     n = len(trace)
     low = np.zeros(n, dtype=bool) if priority is None else np.asarray(priority).astype(bool)
     keep = np.ones(n, dtype=bool)
     out = trace.output_tokens.copy()
-    budget = capacity_tokens_per_s * window_s
-    from collections import deque
-    window: deque = deque()
-    load = 0.0
+    burst = capacity_tokens_per_s * window_s
+    reserve = batch_reserve * burst
+    level = burst
+    last = float(trace.arrival_s[0]) if n else 0.0
     for i, t in enumerate(trace.arrival_s.tolist()):
-        while window and window[0][0] <= t - window_s:
-            load -= window.popleft()[1]
+        level = min(burst, level + (t - last) * capacity_tokens_per_s)
+        last = t
         work = float(trace.prompt_tokens[i] + out[i])
         if policy == "drop_lowest":
-            limit = budget * (0.9 if low[i] else 1.0)  # batch yields before the window is full
-            if load + work > limit:
+            if level < work + (reserve if low[i] else 0.0):
                 keep[i] = False
                 continue
-        elif load + work > budget:
-            room = budget - load - trace.prompt_tokens[i]
-            out[i] = int(max(min_output, min(out[i], room)))
+        elif level < work:
+            out[i] = int(max(min_output, min(out[i], level - trace.prompt_tokens[i])))
             work = float(trace.prompt_tokens[i] + out[i])
-        window.append((t, work))
-        load += work
+        level -= work
     return keep, out
 
 
