@@ -48,7 +48,8 @@ def _attention(q, k, v, mask=True, scale="sqrt", stable=True):
         return w / w.sum(axis=1, keepdims=True) @ v
 
 
-def _gqa(q, k, v, theta=10000.0, mapping="block", rope_keys=True, check=True):
+def _gqa(q, k, v, theta=10000.0, mapping="block", rope_keys=True, check=True,
+         rope_values=False):
     q, k, v = (np.asarray(a, dtype=float) for a in (q, k, v))
     n_heads, n_kv = q.shape[0], k.shape[0]
     if check and n_heads % n_kv:
@@ -59,7 +60,10 @@ def _gqa(q, k, v, theta=10000.0, mapping="block", rope_keys=True, check=True):
         kv = h // group if mapping == "block" else h % n_kv
         qh = np.array([_rope(list(r), p, theta) for p, r in enumerate(q[h])])
         kh = np.array([_rope(list(r), p, theta) for p, r in enumerate(k[kv])]) if rope_keys else k[kv]
-        out.append(_attention(qh, kh, v[kv]))
+        vh = v[kv]
+        if rope_values:
+            vh = np.array([_rope(list(r), p, theta) for p, r in enumerate(vh)])
+        out.append(_attention(qh, kh, vh))
     return np.array(out)
 
 
@@ -102,6 +106,7 @@ def test_the_worked_solution_keeps_its_points(qid, name):
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, mapping="mod"), "head h reads KV head h % n_kv"),
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, rope_keys=False), "RoPE on queries only"),
     ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, check=False), "uneven groups accepted"),
+    ("q3", lambda q, k, v, theta=10000.0: _gqa(q, k, v, theta, rope_values=True), "RoPE on the values too"),
     ("q4", merge_forgets_acc, "accumulators not rescaled"),
     ("q4", merge_nan_on_empty, "an empty part gives nan"),
     ("q4", merge_through_exp_m, "exp(m) multiplied back in"),
