@@ -27,7 +27,7 @@ Q1 = Question(
     hidden=[
         _case(2.0, 100, 600, 0.5, 10, "2 left, 10 a second, half a second later, asking for 10"),
         _case(99.0, 100, 600, 3600.0, 100, "an hour idle refills only to the capacity: 100 now"),
-        _case(0.0, 100, 600, 3600.0, 100, "refill stops at the capacity (not 36,000)"),
+        _case(0.0, 100, 600, 3600.0, 100, "an hour idle from empty: a full bucket, so now"),
         _case(0.0, 4000, 4000, 0.0, 3000, "tokens per minute: 3,000 tokens need 45 s"),
         _case(50.0, 100, 30, 10.0, 80, "30 a minute is half a token a second: 50 + 5, 25 short -> 50 s"),
         _case(0.0, 1, 1, 0.0, 1, "one a minute: 60 s"),
