@@ -262,14 +262,16 @@ def versus_base(model, shape, workload, cfg, seats, blocks, rounds):
         lib = export_base(Path(tmp))
         if lib is None:
             return {"commit": BASE_COMMIT, "ran": False, "why": "git archive failed (no git checkout?)"}
+        import servelab
+        here = Path(servelab.__file__).resolve().parents[1]  # this engine's lib/, run the same way
         now, base = [], []
         for _ in range(rounds):
-            now.append(run_policy("continuous", model, workload, seats, blocks)[0])
+            now.append(run_base(here, shape, len(workload), cfg["workload"], seats, blocks))
             base.append(run_base(lib, shape, len(workload), cfg["workload"], seats, blocks))
     best = lambda runs, key: max(r[key] for r in runs)  # noqa: E731  (interference only slows)
     out = {"commit": BASE_COMMIT, "ran": True, "rounds": rounds, "seats": seats,
-           "how": f"lib/ of {BASE_COMMIT} exported with git archive, run in a fresh process; "
-                  "rounds alternate this engine and that one; best round of each",
+           "how": f"lib/ of {BASE_COMMIT} exported with git archive; each round runs this engine, then "
+                  "that one, each in a fresh process with the same script; best round of each",
            "now": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in now],
            "base": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in base]}
     out["speedup"] = round(best(now, "tokens_per_s") / best(base, "tokens_per_s"), 2)
@@ -452,16 +454,25 @@ def reuse_parts(path, which: str, names, r) -> dict[str, dict]:
     for name in [w.strip() for w in which.split(",") if w.strip()]:
         if name not in names:
             raise ValueError(f"--reuse-parts: unknown part {name!r}; parts are {names}")
-        if name != "transformers" and not name.startswith("sweep:"):
-            raise ValueError(f"--reuse-parts: only transformers and sweep:N can be reused, not {name!r}")
-        info = dict(old["parts"][name], reused_from=f"the run of {old['machine']['date']}"
-                    + (f", code {old['code']}" if old.get("code") else ""))
+        same_code = old.get("code") is not None and old.get("code") == r.get("code")
+        if not same_code and name != "transformers" and not name.startswith("sweep:"):
+            raise ValueError(f"--reuse-parts: only transformers and sweep:N can be reused from a run of other "
+                             f"code, not {name!r}")
+        info = dict(old["parts"][name])
+        info.setdefault("reused_from", f"the run of {old['machine']['date']}"
+                        + (f", code {old['code']}" if old.get("code") else ""))
         if name == "transformers":
             info["transformers"] = old["transformers"]
         elif name.startswith("sweep:"):
             info["row"] = next(x for x in old["seat_sweep"] if x["seats"] == int(name.split(":")[1]))
             if info["row"]["seats"] == r["seats"]:
                 info["kv_memory"] = old["kv_memory"]
+        elif name == "batch_one":
+            info["batch_one"] = old["batch_one"]
+        elif name == "prefix":
+            info["prefix_lab"] = old["prefix_lab"]
+        elif name == "base":
+            info["versus_base"] = old["versus_base"]
         out[name] = info
     return out
 
@@ -516,9 +527,13 @@ def main(argv=None):
     ap.add_argument("--code", default=None,
                     help="what code is measured, for the record (default: the checkout's HEAD commit, "
                          "plus '+ local changes' when lib/ differs from it)")
+    ap.add_argument("--base-rounds", type=int, default=None,
+                    help="interleaved rounds of this engine and the one at BASE_COMMIT (default 2)")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.base_rounds:
+        QUICK["base_rounds"] = FULL["base_rounds"] = args.base_rounds
     if args.part:
         Path(args.part_out).write_text(json.dumps(run_part(args.part, args.quick)))
         return 0
