@@ -44,13 +44,13 @@ __all__ = [
     "build_sweep_model", "machine_info", "SWEEP_MODELS",
 ]
 
-#: The seed example's efficiencies: decode reaches 60% of peak memory
+#: The 200B running example's efficiencies: decode reaches 60% of peak memory
 #: bandwidth, prefill 50% of peak arithmetic. Typical of tuned kernels; an
 #: assumption, not a measurement.
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.6
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
 #: Fixed cost per decode step (kernel launches, all-reduce latencies, the
-#: scheduler, sampling). The seed example charges 2 ms per step.
+#: scheduler, sampling). The 200B running example charges 2 ms per step.
 DEFAULT_STEP_OVERHEAD_S = 0.002
 
 
@@ -155,7 +155,7 @@ def balance_batch(chip: Chip | str, dtype: str = "fp8", bytes_per_param: float =
     Below it, extra people ride along almost free; above it, each one adds
     arithmetic time. B200 at 8 bits, 50% arithmetic and 60% bandwidth:
     4.5e15 x 0.5 / (8e12 x 0.6) / 2 = 234 people (weights only; KV reads
-    ignored, as in the seed's figure).
+    ignored, as in the running example's figure).
     """
     _check_positive("bytes_per_param", bytes_per_param)
     return ridge_point(chip, dtype, compute_efficiency, bandwidth_efficiency) * bytes_per_param / 2.0
@@ -180,7 +180,7 @@ def decode_step_seconds(weights_bytes: float, kv_bytes_per_token: float, batch: 
 
     ``(weights + batch x context x kv_bytes_per_token) / (bandwidth x efficiency)
     + overhead``. ``bandwidth`` is the whole replica's (chips x per-chip). The
-    seed example: (200 GB + 128 x 8,000 x 163,840 B) / (64 TB/s x 0.6) + 2 ms
+    200B running example: (200 GB + 128 x 8,000 x 163,840 B) / (64 TB/s x 0.6) + 2 ms
     = 11.6 ms. Memory-bound by construction; :class:`Replica` also checks the
     arithmetic.
     """
@@ -231,7 +231,7 @@ def people_per_replica(free_bytes: float, kv_bytes_per_token: float, context_tok
 class Replica:
     """One serving replica: chips, weights, cache cost per token, and the efficiency assumptions.
 
-    The seed's running example is :data:`EXAMPLE_REPLICA`: 8 B200s holding a
+    The 200B running example is :data:`EXAMPLE_REPLICA`: 8 B200s holding a
     200B model at 8 bits (200 GB) with an 8-bit cache of 163,840 B per token.
     Free memory for the cache is ``(chips x usable memory - weights) x (1 -
     kv_margin)``, the same rule as the KV calculator of chapter 11.
@@ -312,7 +312,7 @@ class Replica:
         """Overhead + the slower of reading memory and doing the arithmetic.
 
         Below the balance batch the memory term wins and this is exactly the
-        seed's model; above it the arithmetic takes over.
+        running example's model; above it the arithmetic takes over.
         """
         return self.overhead_s + max(self.memory_seconds(batch, context_tokens), self.compute_seconds(batch))
 
@@ -346,7 +346,7 @@ def _example_replica() -> Replica:
                    kv_bytes_per_token=kv_bytes_per_token(config, "fp8"), dtype="fp8")
 
 
-#: The seed guide's running example: a 200B model at 8 bits on one 8-chip B200 box.
+#: The 200B running example: a 200B model at 8 bits on one 8-chip B200 box.
 EXAMPLE_REPLICA = _example_replica()
 
 
