@@ -125,8 +125,9 @@ def test_cost_properties(conv, reply, share, price):
 
 def test_prefix_readout_hit_versus_edit():
     r = cost.prefix_readout("small", preamble_tokens=2000, question_tokens=50)
-    assert r.cached_ttft_s < r.edited_ttft_s and r.speedup > 20
-    # a hit prefills only the question (with attention over the cached preamble)
+    # a hit prefills only the question (with attention over the cached preamble),
+    # and so short a prefill is one read of the weights (memory-bound), not 40x less
+    assert r.cached_ttft_s < r.edited_ttft_s and 5 < r.speedup < 20
     assert r.cached_ttft_s > 0
     assert r.chip_s_saved == pytest.approx(r.edited_ttft_s - r.cached_ttft_s)
     assert r.usd_saved_per_million_requests == pytest.approx(r.chip_s_saved * 3.99 / 3600 * 1e6)

@@ -328,7 +328,9 @@ def prefix_readout(tier: str = "small", preamble_tokens: int = 2000, question_to
 
     Prefill runs at ``efficiency`` (default: the running example's compute
     efficiency) of the cards' bf16 peak, attention work included
-    (:func:`servelab.arith.prefill_ops` with the tier's config). A hit skips
+    (:func:`servelab.arith.prefill_ops` with the tier's config), and never
+    faster than reading the weights once at the running example's bandwidth
+    efficiency (a short prefill is memory-bound). A hit skips
     the preamble; an edit at its start misses every block, so the whole prompt
     is prefilled. Priced at the tier's chip on-demand rate.
     """
@@ -344,9 +346,14 @@ def prefix_readout(tier: str = "small", preamble_tokens: int = 2000, question_to
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {eff!r}")
     rate = chips * t.chip.peak_flops("bf16") * eff
+    # A prefill is never faster than one read of the weights (chapter 8): a short
+    # question after a cached preamble is memory-bound, not arithmetic-bound.
+    weight_read = readout.weights_bytes / (chips * t.chip.hbm_bandwidth
+                                           * EXAMPLE_REPLICA.bandwidth_efficiency)
     total = preamble_tokens + question_tokens
-    cached = prefill_ops(t.num_params, total, t.config, cached_tokens=preamble_tokens) / rate
-    edited = prefill_ops(t.num_params, total, t.config) / rate
+    cached = max(prefill_ops(t.num_params, total, t.config, cached_tokens=preamble_tokens) / rate,
+                 weight_read)
+    edited = max(prefill_ops(t.num_params, total, t.config) / rate, weight_read)
     price = CHIP_HOURLY_USD[t.chip.name] if price_per_chip_hour is None else price_per_chip_hour
     return PrefixReadout(tier=t.label, num_chips=chips, preamble_tokens=preamble_tokens,
                          question_tokens=question_tokens, cached_ttft_s=cached, edited_ttft_s=edited,
