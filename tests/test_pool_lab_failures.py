@@ -3,11 +3,7 @@
 Found by the cold read of chapter 23: the seats slider clamped the memory
 wall's 400 seats to 128, so the loaded failure passed every check.
 """
-import os
-
-os.environ.setdefault("MPLBACKEND", "Agg")
-
-from servelab import pool  # noqa: E402
+from servelab import pool
 
 
 def _html(widget) -> str:
