@@ -31,7 +31,7 @@ from servelab.prefix_cache import ROOT_KEY, BlockKey, PrefixCache, block_keys
 
 __all__ = [
     "NoFreeBlocksError", "BlockAllocator", "BlockTable", "KVUsage", "KVCacheManager",
-    "blocks_for", "write_kv", "gather_kv", "PagedAttentionMetadata", "paged_attention",
+    "blocks_for", "write_kv", "gather_kv", "group_decode_rows", "PagedAttentionMetadata", "paged_attention",
     "reference_attention",
 ]
 
@@ -405,6 +405,29 @@ def _attend(q, k, v, mask, scale):
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
+def group_decode_rows(rows: Sequence[int], context_lens: Sequence[int], block_size: int,
+                      max_padding: float = 0.25) -> list[list[int]]:
+    """Split decode rows, in order of growing context, into groups gathered together.
+
+    A group's gather is padded to its longest member's blocks; a row opens a new
+    group when adding it would pad the group past ``1 + max_padding`` times the
+    blocks its members really hold, so one long conversation does not make many
+    short ones gather its whole length.
+    """
+    groups: list[list[int]] = []
+    real = 0
+    for i in rows:
+        nb = blocks_for(context_lens[i], block_size)
+        if groups and (len(groups[-1]) + 1) * nb > (1 + max_padding) * (real + nb):
+            groups.append([])
+            real = 0
+        if not groups:
+            groups.append([])
+        groups[-1].append(i)
+        real += nb
+    return groups
+
+
 @dataclass
 class PagedAttentionMetadata:
     """Index tensors for one step, built once and used by every layer.
@@ -432,18 +455,7 @@ class PagedAttentionMetadata:
         for n in query_lens:
             starts.append(starts[-1] + n)
         decode = sorted((i for i, n in enumerate(query_lens) if n == 1), key=lambda i: context_lens[i])
-        groups: list[list[int]] = []
-        real = 0
-        for i in decode:
-            nb = blocks_for(context_lens[i], block_size)
-            if groups and (len(groups[-1]) + 1) * nb > (1 + max_padding) * (real + nb):
-                groups.append([])
-                real = 0
-            if not groups:
-                groups.append([])
-            groups[-1].append(i)
-            real += nb
-        for group in groups:
+        for group in group_decode_rows(decode, context_lens, block_size, max_padding):
             nblk = blocks_for(context_lens[group[-1]], block_size)  # sorted: the last is longest
             table = torch.zeros(len(group), nblk, dtype=torch.long)
             for row, i in enumerate(group):

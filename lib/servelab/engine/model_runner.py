@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
-from servelab.paged import blocks_for
+from servelab.paged import blocks_for, group_decode_rows
 
 __all__ = ["StepInput", "prepare_step", "PagedStepContext", "ModelRunner"]
 
@@ -120,18 +120,7 @@ class PagedStepContext:
         self.decode_groups = []  # (row0, row1, flat block ids, nblk, longest context, mask or None)
         nd = step.num_decode_rows
         ctx = step.context_lens
-        groups: list[list[int]] = []
-        real = 0
-        for i in range(nd):
-            nb = blocks_for(ctx[i], bs)
-            if groups and (len(groups[-1]) + 1) * nb > (1 + max_padding) * (real + nb):
-                groups.append([])
-                real = 0
-            if not groups:
-                groups.append([])
-            groups[-1].append(i)
-            real += nb
-        for g in groups:
+        for g in group_decode_rows(range(nd), ctx, bs, max_padding):
             r0, r1 = g[0], g[-1] + 1
             nblk = blocks_for(ctx[r1 - 1], bs)  # sorted: the last is longest
             table = torch.zeros(r1 - r0, nblk, dtype=torch.long)
