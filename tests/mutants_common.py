@@ -21,14 +21,7 @@ def question(exercise: str, qid: str):
 
 def solution_functions(exercise: str) -> dict:
     """The functions the worked solution defines (its code cells, without the check calls)."""
-    cells = json.loads((ROOT / "solutions" / f"{exercise}.ipynb").read_text())["cells"]
-    namespace: dict = {}
-    for cell in cells:
-        source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "check(" in source or "import check" in source:
-            continue
-        exec(compile(source, f"{exercise}.ipynb", "exec"), namespace)
-    return namespace
+    return SolutionMutants(exercise).functions()
 
 
 def assert_loses(exercise: str, qid: str, mutant, why: str) -> None:
@@ -39,3 +32,64 @@ def assert_loses(exercise: str, qid: str, mutant, why: str) -> None:
 def assert_keeps(exercise: str, qid: str, func) -> None:
     result = grade_question(question(exercise, qid), func)
     assert result.passed, f"{exercise}.{qid}: the worked solution failed: {result.reason}"
+
+
+def solution_source(exercise: str) -> str:
+    """The solution notebook's code cells, without the ``check(...)`` cells."""
+    cells = json.loads((ROOT / "solutions" / f"{exercise}.ipynb").read_text())["cells"]
+    code = ("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    keep = [src for src in code if "check(" not in src and "import check" not in src]
+    return "\n\n".join(keep)
+
+
+class SolutionMutants:
+    """The questions of ``exercise`` and its solution's code, ready to be edited and graded."""
+
+    def __init__(self, exercise: str):
+        self.exercise = exercise
+        self.questions = {q.id: q for q in load_questions(exercise)}
+        self.source = solution_source(exercise)
+
+    def functions(self, old: str | None = None, new: str | None = None) -> dict:
+        """Run the solution's code, with ``old`` replaced by ``new`` (which must occur once)."""
+        source = self.source
+        if old is not None:
+            assert source.count(old) == 1, f"the mutant's text must occur once in the solution: {old!r}"
+            source = source.replace(old, new)
+        namespace: dict = {}
+        exec(compile(source, f"{self.exercise} (mutant)", "exec"), namespace)
+        return namespace
+
+    def grade(self, qid: str, namespace: dict):
+        question = self.questions[qid]
+        return grade_question(question, namespace.get(question.function))
+
+
+def mutant_tests(exercise: str, mutants: list[tuple]):
+    """The three tests every mutant file runs, for ``exercise`` and its ``mutants``:
+    (question, the mistake, text in the solution, the mistaken text, words the reason must
+    contain). Assign them to ``test_*`` names at module level so pytest collects them."""
+    import pytest
+
+    m = SolutionMutants(exercise)
+
+    def test_the_solution_scores_every_question():
+        namespace = m.functions()
+        for qid in m.questions:
+            result = m.grade(qid, namespace)
+            assert result.passed, f"{qid}: {result.reason}"
+
+    @pytest.mark.parametrize("qid, mistake, old, new, reason", mutants,
+                             ids=[f"{x[0]}-{x[1]}" for x in mutants])
+    def test_each_classic_mistake_loses_its_question(qid, mistake, old, new, reason):
+        result = m.grade(qid, m.functions(old, new))
+        assert not result.passed and result.points == 0, f"{qid} {mistake}: the hidden tests let it through"
+        if reason:
+            assert reason in result.reason, result.reason
+
+    def test_every_question_has_two_or_more_mistakes():
+        counts = {qid: sum(x[0] == qid for x in mutants) for qid in m.questions}
+        assert all(n >= 2 for n in counts.values()), counts
+
+    return (test_the_solution_scores_every_question, test_each_classic_mistake_loses_its_question,
+            test_every_question_has_two_or_more_mistakes)

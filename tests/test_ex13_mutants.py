@@ -5,7 +5,7 @@ candidate makes); the hidden tests must take that question's points away. The
 functions are graded directly through the hidden module's questions, so this
 file runs in about a second.
 """
-from mutants import mutant_tests
+from mutants_common import mutant_tests
 
 EXERCISE = "ex13_pages"
 # (question, the mistake, text in the solution, the mistaken text, words the reason must contain)

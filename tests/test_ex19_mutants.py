@@ -9,29 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from mutants_common import assert_keeps, assert_loses, solution_functions
+from mutants_common import SolutionMutants, assert_keeps, assert_loses, solution_functions
 from servelab import quant
 from servelab.grading.hidden import ex19_quantization as hidden
 
 EX = "ex19_quantization"
 
 
-def _solution_source() -> str:
-    import json
-    from mutants_common import ROOT
-    cells = json.loads((ROOT / "solutions" / f"{EX}.ipynb").read_text())["cells"]
-    code = ("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    return "\n\n".join(s for s in code if "check(" not in s and "import check" not in s)
-
-
-SOURCE = _solution_source()
-
-
-def _mutant(old: str, new: str) -> dict:
-    assert SOURCE.count(old) == 1, f"the mutant's text must occur once in the solution: {old!r}"
-    namespace: dict = {}
-    exec(compile(SOURCE.replace(old, new), f"{EX} (mutant)", "exec"), namespace)
-    return namespace
+_mutant = SolutionMutants(EX).functions
 
 
 def test_the_solution_scores_every_question():

@@ -4,11 +4,9 @@ Every mutant is the solution notebook's code with one small edit; the hidden tes
 that question's points away and leave the other questions alone. Graded in-process through the
 hidden module's questions (about a second).
 """
-import json
-
 import pytest
 
-from mutants_common import ROOT, assert_keeps, assert_loses, solution_functions
+from mutants_common import SolutionMutants, assert_keeps, assert_loses, solution_functions
 from servelab import kernels
 from servelab.grading.hidden import ex21_kernels as hidden
 
@@ -16,20 +14,7 @@ EX = "ex21_kernels"
 NAMES = {"q1": "bytes_moved", "q2": "overhead_share", "q3": "tile_bytes"}
 
 
-def _source() -> str:
-    cells = json.loads((ROOT / "solutions" / f"{EX}.ipynb").read_text())["cells"]
-    code = ("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    return "\n\n".join(s for s in code if "check(" not in s and "import check" not in s)
-
-
-SOURCE = _source()
-
-
-def _mutant(old: str, new: str) -> dict:
-    assert SOURCE.count(old) == 1, f"the mutant's text must occur once in the solution: {old!r}"
-    namespace: dict = {}
-    exec(compile(SOURCE.replace(old, new), f"{EX} (mutant)", "exec"), namespace)
-    return namespace
+_mutant = SolutionMutants(EX).functions
 
 
 def test_the_solution_scores_every_question():
