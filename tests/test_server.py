@@ -420,19 +420,53 @@ def test_a_request_whose_sampling_raises_fails_alone(server, monkeypatch):
         assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_request_whose_sampling_raises_mid_stream_ends_alone(server, monkeypatch):
+    """Past the admission dry run: the engine isolates the failing row, the stream gets
+    OpenAI's error event, its neighbour streams on, and every block comes back."""
+    import servelab.sampling as sampling
+    real = sampling.sample
+    calls = {"n": 0}
+
+    def picky(logits, params, generator=None, *a, **kw):
+        if getattr(params, "seed", None) == 14:
+            calls["n"] += 1
+            if calls["n"] > 4:  # the dry run and three tokens pass, then it breaks
+                raise RuntimeError("this sampler broke on seed 14")
+        return real(logits, params, generator, *a, **kw)
+
+    monkeypatch.setattr(sampling, "sample", picky)
+    srv, engine = server
+    loop = srv.app.state.engine_loop
+    with httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=body(max_tokens=30, ignore_eos=True, stream=True)) as ok:
+            lines = ok.iter_lines()
+            next(lines)
+            with c.stream("POST", "/v1/completions",
+                          json=body(max_tokens=30, ignore_eos=True, stream=True, temperature=0.8,
+                                    seed=14)) as bad:
+                bad_events = read_stream(bad)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert bad_events[-1] == "[DONE]" and bad_events[-2]["error"]["code"] == "request_failed"
+    assert "seed 14" in bad_events[-2]["error"]["message"]
+    assert sum(1 for e in bad_events[:-2] if e["choices"] and e["choices"][0]["text"]) <= 3
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert wait_until(lambda: idle(engine, loop))
+    assert engine.scheduler.kv.allocator.num_used == 0
+
+
 def test_an_engine_failure_ends_its_requests_and_the_server_goes_on(server):
     srv, engine = server
     loop = srv.app.state.engine_loop
-    real = engine.sampler
+    real = engine.runner.execute
     calls = {"n": 0}
 
-    def flaky(logits, seqs):
+    def flaky(step):  # the forward pass itself fails (a sampler failure is one request's: below)
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("simulated kernel failure")
-        return real(logits, seqs)
+        return real(step)
 
-    engine.sampler = flaky
+    engine.runner.execute = flaky
     try:
         with httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
             with c.stream("POST", "/v1/completions", json=body(max_tokens=20, ignore_eos=True, stream=True)) as s:
@@ -444,7 +478,7 @@ def test_an_engine_failure_ends_its_requests_and_the_server_goes_on(server):
             r = c.post("/v1/completions", json=body())
             assert r.status_code == 200
     finally:
-        engine.sampler = real
+        engine.runner.execute = real
     assert loop.num_engine_errors >= 1
 
 

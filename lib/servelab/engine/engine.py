@@ -15,6 +15,7 @@ safe to show.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -32,6 +33,8 @@ from servelab.generation import encode_prompt
 from servelab.sampling import SamplingParams
 
 __all__ = ["LLMEngine", "StepStats"]
+
+log = logging.getLogger("servelab.engine")
 
 
 @dataclass
@@ -224,12 +227,15 @@ class LLMEngine:
                 rows.append(r - 1)  # a sequence samples from its last row
         if rows != list(range(r)):
             logits = logits[rows]
-        tokens = self.sampler(logits, sampling) if sampling else []
+        tokens, failed = self._sample(logits, sampling) if sampling else ([], {})
         now = time.perf_counter()
         outputs = self._step_outputs = []
         try:
             for seq, token in zip(sampling, tokens):
                 if seq.is_finished:  # aborted by a callback earlier in this step
+                    continue
+                if token is None:  # its sampling raised: it ends alone, with the reason
+                    outputs.append(self._fail(seq, failed[seq.request_id]))
                     continue
                 outputs.append(self._append_token(seq, token, now))
             for seq, d, seq_rows in verifying:
@@ -254,6 +260,77 @@ class LLMEngine:
                 num_preempted=len(plan.preempted), num_waiting=len(self.scheduler.waiting),
                 kv_blocks_used=self.scheduler.kv.allocator.num_used, duration=now - t0))
         return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list, dict[str, str]]:
+        """One token per row, isolating requests whose sampling fails.
+
+        The batched sampler runs first (the fast path). A row of NaN logits, or a
+        per-request setting the sampler cannot handle, must end *that* request
+        only: if the batch raises, every row is sampled again on its own, from
+        the random states the batch started from (so the rows that succeed draw
+        exactly what they would have drawn together), and the rows that raise
+        get ``None`` and a message. NaN rows are caught before sampling
+        (a greedy argmax over NaN would silently pick a token).
+        """
+        failed: dict[str, str] = {}
+        nan_rows = torch.isnan(logits).any(dim=-1)
+        if bool(nan_rows.any()):
+            for i in nan_rows.nonzero().flatten().tolist():
+                failed[seqs[i].request_id] = "the model produced NaN logits for this request"
+        if not failed:
+            states = self._rng_states(seqs)
+            try:
+                return self.sampler(logits, seqs), failed
+            except Exception:  # noqa: BLE001 - find the culprit(s) row by row
+                self._restore_rng(states, seqs)
+        tokens: list = []
+        for i, seq in enumerate(seqs):
+            if seq.request_id in failed:
+                tokens.append(None)
+                continue
+            n_lp = None if seq.logprobs is None else len(seq.logprobs)
+            n_top = None if seq.top_logprobs is None else len(seq.top_logprobs)
+            try:
+                tokens.append(self.sampler(logits[i:i + 1], [seq])[0])
+            except Exception as exc:  # noqa: BLE001 - this request alone fails
+                if n_lp is not None:
+                    del seq.logprobs[n_lp:]
+                if n_top is not None:
+                    del seq.top_logprobs[n_top:]
+                failed[seq.request_id] = f"sampling failed for this request: {type(exc).__name__}: {exc}"
+                tokens.append(None)
+        return tokens, failed
+
+    def _rng_states(self, seqs) -> list:
+        """Random states of the generators these rows draw from (their own, or the engine's)."""
+        states = []
+        shared = False
+        for s in seqs:
+            if getattr(s.sampling_params, "temperature", 0) == 0:
+                states.append(None)
+            elif s.generator is not None:
+                states.append(s.generator.get_state())
+            else:
+                states.append(None)
+                shared = True
+        return [self.sampler.generator.get_state() if shared else None, states]
+
+    def _restore_rng(self, states, seqs) -> None:
+        shared, own = states
+        if shared is not None:
+            self.sampler.generator.set_state(shared)
+        for s, st in zip(seqs, own):
+            if st is not None:
+                s.generator.set_state(st)
+
+    def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        """End one request with ``finish_reason == "error"``; its blocks go back now."""
+        self.scheduler.finish(seq, "error")
+        seq.error = message
+        out = self._output(seq)
+        out.error = message
+        self._release(seq, out)
+        return out
 
     def _append_token(self, seq: Sequence, token: int, now: float, emit: bool = True) -> RequestOutput | None:
         """Append one token and apply the stop rules. ``emit=False`` (a speculative
@@ -296,7 +373,10 @@ class LLMEngine:
         if seq.is_finished:
             self._release(seq, out)
         elif cb is not None:
-            cb(out)
+            try:
+                cb(out)
+            except Exception as exc:  # noqa: BLE001 - a broken callback ends its own request only
+                return self._fail(seq, f"the request's callback raised {type(exc).__name__}: {exc}")
         return out
 
     # -- outputs ------------------------------------------------------------------
@@ -330,10 +410,13 @@ class LLMEngine:
         if self.spec_decoder is not None:
             self.spec_decoder.release(seq.request_id)
         cb = self._callbacks.pop(seq.request_id, None)
-        if cb is not None:
-            cb(out)
         self._detok.pop(seq.request_id, None)
         self.requests.pop(seq.request_id, None)
+        if cb is not None:
+            try:
+                cb(out)
+            except Exception:  # noqa: BLE001 - the request is over; its callback's failure is its own
+                log.warning("the final callback of request %s raised", seq.request_id, exc_info=True)
 
     # -- convenience ------------------------------------------------------------
     def run_to_completion(self) -> dict[str, RequestOutput]:

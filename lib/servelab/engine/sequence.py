@@ -87,8 +87,9 @@ class Sequence:
         # the model's log-probability of each output token, and the n best alternatives, if asked
         self.logprobs: list[float] | None = [] if n is not None else None
         self.top_logprobs: list[list[tuple[int, float]]] | None = [] if n else None
-        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
+        self.error: str | None = None  # why it ended, when finish_reason == "error"
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.perf_counter())
         # detokenization / streaming state
         self.output_text = ""
