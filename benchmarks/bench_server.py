@@ -68,10 +68,18 @@ def offline_run(llm, reqs, output: int) -> dict:
 
 
 def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, all its threads together."""
+    """CPU seconds (user + system) a process and its children (the engine core) have
+    used so far, all their threads together."""
     import psutil
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def server_run(url, reqs, concurrency: int, rate=float("inf"), pid: int | None = None) -> dict:

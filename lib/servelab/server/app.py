@@ -105,25 +105,47 @@ def _dispatcher(loop) -> _Dispatcher:
 
 
 def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bool = True):
-    """The app over ``engine`` (an :class:`~servelab.engine.LLMEngine` with a tokenizer)."""
+    """The app over ``engine``: an :class:`~servelab.engine.LLMEngine` with a tokenizer
+    (driven by a thread of this process), or an
+    :class:`~servelab.server.core.EngineCoreClient` (the engine in its own process)."""
+    from servelab.server.core import EngineCoreClient
     settings = settings or ServerSettings()
     if engine.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer (LLMEngine.from_model(model, tokenizer))")
     tokenizer = getattr(engine.tokenizer, "tokenizer", engine.tokenizer)  # unwrap LLM's prompt wrapper
-    cfg = engine.config
-    limits = protocol.Limits(model=settings.model_name, max_model_len=cfg.max_model_len,
-                             pool_tokens=cfg.pool_tokens,
-                             vocab_size=getattr(engine.runner, "vocab_size", None) or tokenizer.vocab_size)
-    metrics = ServerMetrics(cfg.num_kv_blocks)
-    loop_ = EngineLoop(engine, metrics)
-    max_in_flight = cfg.max_num_seqs + settings.max_queued_requests
+    if isinstance(engine, EngineCoreClient):
+        info = engine.info
+        max_model_len, pool_tokens, num_kv_blocks, max_num_seqs = (
+            info["max_model_len"], info["pool_tokens"], info["num_kv_blocks"], info["max_num_seqs"])
+        vocab = info["vocab_size"]
+    else:
+        cfg = engine.config
+        max_model_len, pool_tokens, num_kv_blocks, max_num_seqs = (
+            cfg.max_model_len, cfg.pool_tokens, cfg.num_kv_blocks, cfg.max_num_seqs)
+        vocab = getattr(engine.runner, "vocab_size", None)
+    limits = protocol.Limits(model=settings.model_name, max_model_len=max_model_len,
+                             pool_tokens=pool_tokens, vocab_size=vocab or tokenizer.vocab_size)
+    metrics = ServerMetrics(num_kv_blocks)
+    if isinstance(engine, EngineCoreClient):
+        loop_ = engine
+        loop_.metrics = metrics
+    else:
+        loop_ = EngineLoop(engine, metrics)
+    in_loop = getattr(loop_, "in_loop_thread", False)
+    max_in_flight = max_num_seqs + settings.max_queued_requests
 
     @asynccontextmanager
     async def lifespan(app):
         if start_loop:
-            loop_.start()
+            if in_loop:
+                await loop_.start()
+            else:
+                loop_.start()
         yield
-        await asyncio.to_thread(loop_.stop, 0.0)
+        if in_loop:
+            await loop_.astop()
+        else:
+            await asyncio.to_thread(loop_.stop, 0.0)
 
     app = FastAPI(title="servelab", lifespan=lifespan)
     app.state.engine_loop = loop_
@@ -186,16 +208,19 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         req = protocol.parse_request(body, kind, tokenizer, limits)
         if loop_.num_in_flight >= max_in_flight:
             raise APIError(429, f"too many requests in flight ({loop_.num_in_flight}; the limit is "
-                                f"{max_in_flight} = {cfg.max_num_seqs} running + "
+                                f"{max_in_flight} = {max_num_seqs} running + "
                                 f"{settings.max_queued_requests} queued); retry after "
                                 f"{settings.retry_after_s} s", code="rate_limit_exceeded",
                            headers={"Retry-After": str(settings.retry_after_s)})
         req_t = {"received": received, "tokenized": time.perf_counter()}
         q: asyncio.Queue = asyncio.Queue()
-        post = _dispatcher(asyncio.get_running_loop()).post
+        if in_loop:  # the engine core's events arrive in this event loop's thread
+            sink = q.put_nowait
+        else:
+            post = _dispatcher(asyncio.get_running_loop()).post
 
-        def sink(event: Event):
-            post(q, event)
+            def sink(event: Event):
+                post(q, event)
 
         def submit():
             req_t["submitted"] = time.perf_counter()

@@ -193,6 +193,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds for in-flight requests on SIGTERM")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
+    p.add_argument("--dtype", default="float32", help="weights' dtype (float32, bfloat16, float64)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in its own process (default), or as a thread of this one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="warning")
     return p
@@ -204,13 +207,17 @@ def main(argv=None) -> int:
     import uvicorn
 
     from servelab.server.app import ServerSettings, create_app
-    torch.set_num_threads(args.threads)
-    engine = build_engine(args.model, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          num_kv_blocks=args.kv_blocks, block_size=args.block_size,
-                          max_model_len=args.max_model_len,
-                          enable_prefix_caching=args.enable_prefix_caching,
-                          enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed)
+    options = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                   num_kv_blocks=args.kv_blocks, block_size=args.block_size,
+                   max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+                   enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed, dtype=args.dtype)
+    if args.engine_process:  # the engine core gets its own process (and interpreter lock)
+        from servelab.server.core import EngineCoreClient
+        torch.set_num_threads(1)
+        engine = EngineCoreClient(args.model, threads=args.threads, **options)
+    else:
+        torch.set_num_threads(args.threads)
+        engine = build_engine(args.model, **options)
     name = args.served_model_name or Path(args.model).name
     settings = ServerSettings(model_name=name, max_body_bytes=args.max_body_bytes,
                               max_queued_requests=args.max_queued_requests,
@@ -237,5 +244,9 @@ def main(argv=None) -> int:
     # by then everything is finished, so that second delivery should just let us exit 0.
     signal.signal(signal.SIGTERM, lambda *a: None)
     signal.signal(signal.SIGINT, lambda *a: None)  # Ctrl-C: the same clean exit
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if args.engine_process:
+            engine.close()  # normally already gone: the app's shutdown stopped it
     return 0

@@ -1,0 +1,552 @@
+"""The engine core in its own process, and the API server's client for it.
+
+With the engine loop as a thread of the API server, the engine's Python and
+the HTTP layer's Python take turns on one interpreter lock: every SSE chunk
+the server writes is time the engine does not step. vLLM's V1 answer, used
+here: the engine runs in a *separate process* (the "engine core") with a busy
+loop, and the API server process does only HTTP, tokenizing and forwarding.
+
+The two talk over one Unix socket pair, in frames of ``4-byte length + pickle``:
+
+* API -> core: ``("add", id, prompt_ids, params, arrival)``,
+  ``("abort", id, step_seen)``, ``("stop",)``;
+* core -> API: ``("ready", info)`` once, then one ``("step", snapshot, entries)``
+  message per engine step carrying every request's new tokens and text, its
+  token times, the engine's counters for ``/metrics`` (running, waiting, KV
+  blocks used, steps) and the aborts applied.
+
+The core blocks on the socket while it has nothing to run (so a new request
+wakes it at once: no sleep-polling), and while it is busy it drains whatever
+arrived before each step (so an abort frees its blocks before the next step).
+The API side reads frames in its asyncio event loop (no extra thread) and puts
+each request's events straight onto that request's queue.
+
+``python -m servelab.server.core --fd N --options JSON`` is the core's entry
+point; :class:`EngineCoreClient` starts it and speaks to it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+from servelab.server.engine_loop import AbortRecord, EngineLoop, Event
+
+__all__ = ["EngineCoreClient", "EngineCore", "RemoteOutput", "core_main"]
+
+log = logging.getLogger("servelab.server")
+_HEADER = struct.Struct("<I")
+
+
+def _frame(obj) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def _parse_frames(buf: bytearray) -> list:
+    """Complete frames at the start of ``buf`` (removed from it), decoded."""
+    out, pos, n = [], 0, len(buf)
+    while n - pos >= 4:
+        size = _HEADER.unpack_from(buf, pos)[0]
+        if n - pos - 4 < size:
+            break
+        out.append(pickle.loads(bytes(buf[pos + 4:pos + 4 + size])))
+        pos += 4 + size
+    if pos:
+        del buf[:pos]
+    return out
+
+
+# ====================================================================== the core
+class EngineCore(EngineLoop):
+    """The engine loop of the core process: commands from a socket, one message per step.
+
+    It reuses :class:`EngineLoop`'s handling (admission dry run, aborts with
+    their step numbers, a failed step failing only its requests) but runs in
+    the process's main thread, and each request's *sink* appends a compact
+    entry to the step's outbox instead of waking an event loop.
+    """
+
+    def __init__(self, engine, sock: socket.socket, *, check_sampling: bool = True):
+        super().__init__(engine, None, check_sampling=check_sampling)
+        self.sock = sock
+        self._buf = bytearray()
+        self._outbox: list = []
+        self._aborts: list = []
+        self._sent: dict[str, list[int]] = {}  # request id -> [tokens sent, logprobs sent]
+        self._eof = False
+
+    # -- the socket ----------------------------------------------------------
+    def _read(self, block: bool) -> list:
+        """Frames available now; ``block``: wait until there is at least one."""
+        msgs = _parse_frames(self._buf)
+        block = block and not msgs
+        while True:
+            if not block and not select.select([self.sock], [], [], 0)[0]:
+                return msgs
+            data = self.sock.recv(1 << 20)
+            if not data:
+                self._eof = True
+                return msgs
+            self._buf += data
+            msgs += _parse_frames(self._buf)
+            block = block and not msgs
+
+    def _send_frame(self, obj) -> None:
+        self.sock.sendall(_frame(obj))
+
+    # -- sinks: events become entries of the step message ------------------------
+    def _sink(self, rid: str):
+        def sink(event: Event) -> None:
+            if event.kind == "error":
+                self._sent.pop(rid, None)
+                self._outbox.append((rid, "E", event.status, event.message, event.code))
+                return
+            out = event.output
+            sent = self._sent.setdefault(rid, [0, 0, False])  # tokens, logprobs sent; first sent
+            delta_ids = list(out.delta_token_ids)
+            m = out.metrics
+            times = m.token_times[len(m.token_times) - len(delta_ids):] if delta_ids else []
+            lp = top = None
+            if delta_ids:
+                seq = self.engine.requests.get(rid)
+                source = None
+                if seq is not None and seq.logprobs is not None:
+                    source = (seq.logprobs, seq.top_logprobs)
+                elif seq is None and out.outputs[0].logprobs is not None:  # finished: eager output
+                    source = (out.outputs[0].logprobs, out.outputs[0].top_logprobs)
+                if source is not None:
+                    n = sent[0] + len(delta_ids)
+                    lp = source[0][sent[1]:n]
+                    top = None if source[1] is None else source[1][sent[1]:n]
+                    sent[1] = n
+            sent[0] += len(delta_ids)
+            first = None
+            if delta_ids and not sent[2]:
+                sent[2] = True
+                first = (m.first_scheduled_time, m.num_cached_tokens)
+            fin = None
+            if out.finished:
+                self._sent.pop(rid, None)
+                c = out.outputs[0]
+                fin = (c.finish_reason, c.stop_reason, m.finished_time, m.num_preemptions)
+            self._outbox.append((rid, "O", out.delta_text, delta_ids, times, lp, top, first, fin))
+        return sink
+
+    # -- the loop ------------------------------------------------------------------
+    def _on_message(self, msg) -> None:
+        kind = msg[0]
+        if kind == "add":
+            _, rid, ids, sp, arrival = msg
+            self._in_flight += 1
+            self._handle(("add", rid, ids, sp, self._sink(rid), arrival))
+        elif kind == "abort":
+            _, rid, step_seen = msg
+            n = len(self.abort_log)
+            self._handle(("abort", rid, step_seen))
+            for rec in self.abort_log[n:]:
+                self._aborts.append((rec.request_id, rec.step_requested, self.steps, rec.freed))
+            self._sent.pop(rid, None)
+            self.abort_log.clear()  # the API side keeps the log
+        elif kind == "stop":
+            self._draining.set()
+            self._stop.set()
+
+    def _snapshot(self) -> tuple:
+        s = self.engine.scheduler
+        kv = s.kv
+        return (len(s.running), len(s.waiting), kv.allocator.num_used, kv.allocator.num_free,
+                self.steps, self._in_flight, self.num_engine_errors,
+                0 if kv.prefix_cache is None else kv.prefix_cache.hits)
+
+    def _flush(self) -> None:
+        entries, self._outbox = self._outbox, []
+        aborts, self._aborts = self._aborts, []
+        self._send_frame(("step", self._snapshot(), entries, aborts))
+
+    def serve(self) -> None:
+        engine = self.engine
+        while True:
+            busy = engine.has_unfinished_requests()
+            for msg in self._read(block=not busy and not self._stop.is_set()):
+                self._on_message(msg)
+            if self._eof:
+                self._stop.set()
+            if self._stop.is_set():  # end whatever is left, tell the API side, leave
+                for rid in list(self._tracked):
+                    try:
+                        engine.abort_request(rid)
+                    except Exception:  # noqa: BLE001
+                        pass
+                    self._fail(rid, 503, "the server shut down before this request finished; "
+                                         "retry it", "shutting_down")
+                if not self._eof:
+                    self._flush()
+                    self._send_frame(("bye",))
+                return
+            if engine.has_unfinished_requests():
+                self._step()
+            self._flush()
+
+
+def core_main(argv=None) -> int:
+    """``python -m servelab.server.core --fd N --options JSON``: build the engine, serve."""
+    p = argparse.ArgumentParser(prog="python -m servelab.server.core")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--options", required=True, help="JSON: model, threads, engine options")
+    a = p.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process decides when the core stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket(fileno=a.fd)
+    sock.setblocking(True)
+    opts = json.loads(a.options)
+    try:
+        import torch
+        torch.set_num_threads(int(opts.pop("threads", 1)))
+        from servelab.server.runner import build_engine
+        model = opts.pop("model")
+        builder = opts.pop("builder", None)
+        if builder:  # "module:function" returning an engine (tests: a tiny random model)
+            import importlib
+            mod, fn = builder.split(":")
+            engine = getattr(importlib.import_module(mod), fn)(model, **opts)
+        else:
+            engine = build_engine(model, **opts)
+        cfg = engine.config
+        info = {"max_model_len": cfg.max_model_len, "pool_tokens": cfg.pool_tokens,
+                "num_kv_blocks": cfg.num_kv_blocks, "max_num_seqs": cfg.max_num_seqs,
+                "block_size": cfg.block_size,
+                "vocab_size": getattr(engine.runner, "vocab_size", None), "pid": os.getpid()}
+    except BaseException as exc:  # noqa: BLE001 - tell the API side why, then exit
+        sock.sendall(_frame(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
+        return 1
+    sock.sendall(_frame(("ready", info)))
+    EngineCore(engine, sock).serve()
+    return 0
+
+
+# ================================================================= the API side
+@dataclass
+class _CoreMetrics:
+    """Stand-in for ``RequestMetrics`` on the API side (the same attribute names)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+    def __post_init__(self):
+        self.token_times: list[float] = []
+
+    @property
+    def ttft(self):
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self):
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+class _Req:
+    __slots__ = ("sink", "prompt_token_ids", "metrics", "text", "token_ids", "logprobs",
+                 "top_logprobs", "finished")
+
+    def __init__(self, sink, prompt_token_ids, arrival):
+        self.sink = sink
+        self.prompt_token_ids = prompt_token_ids
+        self.metrics = _CoreMetrics(arrival)
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs = None
+        self.top_logprobs = None
+        self.finished = False
+
+
+class RemoteOutput:
+    """What the app reads from a request's event: the :class:`RequestOutput` shape,
+    rebuilt from the core's deltas (``outputs`` are made only when read)."""
+
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "finished", "metrics", "delta_text",
+                 "delta_token_ids", "error", "_req", "_n", "_text", "_finish", "_outputs")
+
+    def __init__(self, rid, req: _Req, delta_text, delta_ids, finish):
+        self.request_id, self.prompt, self.prompt_token_ids = rid, None, req.prompt_token_ids
+        self.finished = finish is not None
+        self.metrics = req.metrics
+        self.delta_text, self.delta_token_ids, self.error = delta_text, delta_ids, None
+        self._req, self._n, self._text, self._finish = req, len(req.token_ids), req.text, finish
+        self._outputs = None
+
+    @property
+    def outputs(self):
+        if self._outputs is None:
+            from servelab.engine.sequence import CompletionOutput
+            r, n = self._req, self._n
+            fr, sr = (self._finish or (None, None))[:2]
+            self._outputs = [CompletionOutput(0, self._text, r.token_ids[:n], fr, sr,
+                                              None if r.logprobs is None else r.logprobs[:n],
+                                              None if r.top_logprobs is None else r.top_logprobs[:n])]
+        return self._outputs
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def token_ids(self):
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self):
+        return None if self._finish is None else self._finish[0]
+
+
+class EngineCoreClient:
+    """The API server's handle on an engine-core process (same face as :class:`EngineLoop`).
+
+    ``EngineCoreClient(model, **engine_options)`` starts the core and waits
+    until its engine is built; ``await start()`` (the app's lifespan) attaches
+    it to the running event loop; ``await astop()`` ends it. Events reach a
+    request's ``sink`` in the event-loop thread (``in_loop_thread``).
+    """
+
+    in_loop_thread = True
+
+    def __init__(self, model, *, threads: int = 1, builder: str | None = None,
+                 startup_timeout_s: float = 300.0, env: dict | None = None, **engine_options):
+        from servelab.engine.llm import load_tokenizer
+        opts = {"model": str(model), "threads": threads, **engine_options}
+        if builder:
+            opts["builder"] = builder
+        ours, theirs = socket.socketpair()
+        full_env = dict(os.environ)
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        full_env.setdefault("MKL_NUM_THREADS", "1")
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "servelab.server.core", "--fd", str(theirs.fileno()),
+             "--options", json.dumps(opts)], pass_fds=[theirs.fileno()], env=full_env)
+        theirs.close()
+        self.sock = ours
+        self._buf = bytearray()
+        ours.settimeout(startup_timeout_s)
+        try:
+            msg = None
+            while msg is None:
+                data = ours.recv(1 << 16)
+                if not data:
+                    raise RuntimeError(f"the engine core exited with code {self.proc.wait(10)} "
+                                       "before it was ready; see its log")
+                self._buf += data
+                msgs = _parse_frames(self._buf)
+                msg = msgs[0] if msgs else None
+        except BaseException:
+            self._kill()
+            raise
+        if msg[0] != "ready":
+            self._kill()
+            raise RuntimeError(f"the engine core could not start: {msg[1]}")
+        self.info = msg[1]
+        self.tokenizer = load_tokenizer(model if builder is None else None)
+        self.metrics = None           # the app's ServerMetrics, set by create_app
+        self.abort_log: list[AbortRecord] = []
+        self.num_engine_errors = 0
+        self.steps = 0
+        self.error: BaseException | None = None
+        self._reqs: dict[str, _Req] = {}
+        self._snap = (0, 0, 0, self.info["num_kv_blocks"], 0, 0, 0, 0)
+        self._transport = None
+        self._alive = False
+        self._draining = False
+        self._bye: asyncio.Future | None = None
+
+    # -- what the app reads --------------------------------------------------------
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._reqs)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def snapshot(self) -> dict:
+        s = self._snap
+        return {"running": s[0], "waiting": s[1], "kv_blocks_used": s[2], "kv_blocks_free": s[3],
+                "kv_blocks_total": self.info["num_kv_blocks"], "steps": s[4],
+                "in_flight": len(self._reqs), "prefix_cache_hit_blocks": s[7],
+                "engine_pid": self.proc.pid}
+
+    # -- requests ------------------------------------------------------------------
+    def submit(self, request_id, prompt_token_ids, sampling_params, sink, arrival_time=None) -> None:
+        arrival = arrival_time if arrival_time is not None else time.perf_counter()
+        if not self.alive:
+            sink(Event("error", status=503, message="the engine core is not running", code="engine_down"))
+            return
+        self._reqs[request_id] = _Req(sink, prompt_token_ids, arrival)
+        self._transport.write(_frame(("add", request_id, prompt_token_ids, sampling_params, arrival)))
+
+    def abort(self, request_id: str) -> None:
+        if self._transport is not None and request_id in self._reqs and self.alive:
+            self._transport.write(_frame(("abort", request_id, self.steps)))
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self) -> "EngineCoreClient":
+        loop = asyncio.get_running_loop()
+        self.sock.settimeout(None)
+        self.sock.setblocking(False)
+        self._bye = loop.create_future()
+        client = self
+
+        class _Proto(asyncio.Protocol):
+            def data_received(self, data):
+                client._buf += data
+                for msg in _parse_frames(client._buf):
+                    client._on_message(msg)
+
+            def connection_lost(self, exc):
+                client._lost(exc)
+
+        self._transport, _ = await loop.create_unix_connection(_Proto, sock=self.sock)
+        self._alive = True
+        if self._buf:
+            for msg in _parse_frames(self._buf):
+                self._on_message(msg)
+        return self
+
+    async def astop(self, timeout_s: float = 10.0) -> None:
+        """Stop admitting; the core ends what is left (503s), says bye and exits."""
+        self._draining = True
+        if self._transport is not None and self.alive:
+            self._transport.write(_frame(("stop",)))
+            try:
+                await asyncio.wait_for(asyncio.shield(self._bye), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        await asyncio.to_thread(self._reap, timeout_s)
+
+    def _reap(self, timeout_s: float) -> None:
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Synchronous last resort (no event loop): end the core process."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._kill()
+
+    # -- messages from the core -------------------------------------------------------
+    def _lost(self, exc) -> None:
+        self._alive = False
+        if self._bye is not None and not self._bye.done():
+            self._bye.set_result(None)
+        for rid, r in list(self._reqs.items()):
+            self._reqs.pop(rid, None)
+            self._deliver(r, Event("error", status=500, message="the engine core stopped", code="engine_error"))
+
+    @staticmethod
+    def _deliver(r: _Req, event: Event) -> None:
+        try:
+            r.sink(event)
+        except Exception:  # noqa: BLE001 - a gone client's queue must not stop the reader
+            log.debug("dropping an event for a gone client", exc_info=True)
+
+    def _on_message(self, msg) -> None:
+        kind = msg[0]
+        if kind == "step":
+            _, snap, entries, aborts = msg
+            self._snap = snap
+            self.steps, self.num_engine_errors = snap[4], snap[6]
+            metrics = self.metrics
+            for e in entries:
+                self._entry(e, metrics)
+            for rid, step_seen, step_applied, freed in aborts:
+                self.abort_log.append(AbortRecord(rid, step_seen, step_applied, freed))
+                if self._reqs.pop(rid, None) is not None and metrics is not None:
+                    metrics.record_finished("abort", 0, None)
+            if metrics is not None:
+                metrics.update_engine(snap[0], snap[1], snap[2], snap[4])
+        elif kind == "bye":
+            if self._bye is not None and not self._bye.done():
+                self._bye.set_result(None)
+
+    def _entry(self, e, metrics) -> None:
+        rid = e[0]
+        r = self._reqs.get(rid)
+        if r is None:
+            return
+        if e[1] == "E":
+            self._reqs.pop(rid, None)
+            self._deliver(r, Event("error", status=e[2], message=e[3], code=e[4]))
+            return
+        _, _, delta_text, delta_ids, times, lp, top, first, fin = e
+        m = r.metrics
+        if first is not None:
+            m.first_scheduled_time, m.num_cached_tokens = first
+            m.first_token_time = times[0] if times else None
+            if metrics is not None and times:
+                metrics.record_first_token(times[0] - m.arrival_time, len(r.prompt_token_ids),
+                                           m.num_cached_tokens)
+        if times:
+            if metrics is not None:
+                prev = m.token_times[-1:] + times
+                metrics.record_tokens(len(times), [b - a for a, b in zip(prev, prev[1:])])
+            m.token_times += times
+        r.token_ids += delta_ids
+        r.text += delta_text
+        if lp is not None:
+            r.logprobs = (r.logprobs or []) + lp
+            if top is not None:
+                r.top_logprobs = (r.top_logprobs or []) + top
+        if fin is not None:
+            self._reqs.pop(rid, None)
+            m.finished_time, m.num_preemptions = fin[2], fin[3]
+            if metrics is not None:
+                metrics.record_finished(fin[0] or "unknown", len(r.prompt_token_ids), m.e2e)
+            if fin[0] == "error":
+                self._deliver(r, Event("error", status=400, message="the request failed",
+                                       code="request_failed"))
+                return
+        self._deliver(r, Event("output", output=RemoteOutput(rid, r, delta_text, delta_ids, fin)))
+
+
+if __name__ == "__main__":
+    sys.exit(core_main())

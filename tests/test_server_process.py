@@ -1,0 +1,186 @@
+"""The engine core in its own process (``servelab.server.core``), as ``python -m
+servelab.server`` runs it: greedy parity with ``LLM.generate``, aborts that free
+blocks, per-request errors, ``/metrics`` fed by the core's step messages, 429s,
+and a core that dies. The API side runs in a thread of this process (an
+OS-chosen loopback port); the core is a child process building the tiny float64
+model of ``test_server`` (exact greedy parity). Every call has a timeout.
+"""
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from servelab.engine import LLM
+from servelab.sampling import SamplingParams
+from servelab.server import ServerSettings, ServerThread, build_engine, create_app
+from servelab.server.core import EngineCoreClient
+
+from test_server import MODEL, body, read_stream, tiny_model
+
+TIMEOUT = httpx.Timeout(30.0)
+
+
+def tiny_engine(model, **options):
+    """Builder run inside the core process (``builder="test_server_process:tiny_engine"``)."""
+    from servelab.bpe import load_course_tokenizer
+    return build_engine(tiny_model(), load_course_tokenizer(), **options)
+
+
+def picky_engine(model, **options):
+    """A tiny engine whose sampler breaks for seed-13 requests after their third token."""
+    import servelab.sampling as sampling
+    real = sampling.sample
+    calls = {"n": 0}
+
+    def picky(logits, params, generator=None):
+        if params.seed == 13:
+            calls["n"] += 1
+            if calls["n"] > 4:  # the admission dry run and three tokens pass
+                raise RuntimeError("this sampler broke on seed 13")
+        return real(logits, params, generator)
+
+    sampling.sample = picky
+    return tiny_engine(model, **options)
+
+
+def core(builder="tiny_engine", **options):
+    options.setdefault("num_kv_blocks", 256)
+    return EngineCoreClient("tiny", builder=f"test_server_process:{builder}", startup_timeout_s=120,
+                            **options)
+
+
+def serve(client, **settings):
+    return ServerThread(create_app(client, ServerSettings(model_name=MODEL, **settings)))
+
+
+def wait_until(cond, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def idle(srv):
+    h = httpx.get(srv.url + "/health", timeout=TIMEOUT).json()
+    return h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0 and h["kv_blocks_used"] == 0
+
+
+@pytest.fixture(scope="module")
+def server():
+    client = core(max_num_seqs=16)
+    srv = serve(client, max_queued_requests=1000)
+    with srv:
+        yield srv, client
+    assert client.proc.poll() is not None  # the app's shutdown ended the core process
+
+
+def test_the_engine_runs_in_another_process(server):
+    srv, client = server
+    h = httpx.get(srv.url + "/health", timeout=TIMEOUT).json()
+    assert h["status"] == "ok" and h["engine_pid"] == client.pid != os.getpid()
+
+
+def test_concurrent_streams_match_offline_and_every_block_comes_back(server):
+    srv, _ = server
+    prompts = [f"def f{i}(x):" + " x" * (i % 7) for i in range(40)]
+    lens = [1 + (i * 5) % 9 for i in range(40)]
+    ref = LLM(tiny_model(), num_kv_blocks=256).generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=n) for n in lens])
+
+    async def one(c, p, n):
+        b = body(prompt=p, max_tokens=n, stream=True, stream_options={"include_usage": True})
+        text, usage = [], None
+        async with c.stream("POST", "/v1/completions", json=b) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    ev = json.loads(line[6:])
+                    usage = ev.get("usage") or usage
+                    text += [ch["text"] for ch in ev["choices"]]
+        return "".join(text), usage
+
+    async def go():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as c:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, p, n) for p, n in zip(prompts, lens))), 60)
+
+    got = asyncio.run(go())
+    for (text, usage), want in zip(got, ref):
+        assert text == want.text and usage["completion_tokens"] == len(want.token_ids)
+    assert wait_until(lambda: idle(srv))
+    metrics = httpx.get(srv.url + "/metrics", timeout=TIMEOUT).text
+    tokens = next(float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("servelab:generation_tokens_total "))
+    assert tokens >= sum(len(w.token_ids) for w in ref)
+    assert "servelab:time_to_first_token_seconds_count" in metrics
+
+
+def test_non_streamed_request_and_logprobs(server):
+    srv, _ = server
+    want = LLM(tiny_model(), num_kv_blocks=256).generate(
+        ["def add(a, b):"], SamplingParams(temperature=0, max_tokens=8, logprobs=2))[0]
+    r = httpx.post(srv.url + "/v1/completions", json=body(logprobs=2), timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == want.text
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want.outputs[0].logprobs)
+
+
+def test_disconnect_aborts_and_frees_blocks_in_the_core(server):
+    srv, client = server
+    assert wait_until(lambda: idle(srv))
+    n = len(client.abort_log)
+    with httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=body(max_tokens=200, ignore_eos=True, stream=True)) as s:
+            lines = s.iter_lines()
+            [next(lines) for _ in range(4)]
+            assert httpx.get(srv.url + "/health", timeout=TIMEOUT).json()["kv_blocks_used"] > 0
+    assert wait_until(lambda: len(client.abort_log) > n)
+    rec = client.abort_log[-1]
+    assert rec.freed and rec.step_applied >= rec.step_requested
+    assert wait_until(lambda: idle(srv))
+
+
+def test_a_request_whose_sampling_raises_in_the_core_fails_alone():
+    client = core("picky_engine")
+    with serve(client) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=body(max_tokens=30, ignore_eos=True, stream=True)) as ok:
+            lines = ok.iter_lines()
+            next(lines)
+            with c.stream("POST", "/v1/completions",
+                          json=body(max_tokens=30, ignore_eos=True, stream=True, temperature=0.8,
+                                    seed=13)) as bad:
+                bad_events = read_stream(bad)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert bad_events[-1] == "[DONE]" and "seed 13" in bad_events[-2]["error"]["message"]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert wait_until(lambda: idle(srv))
+
+
+def test_too_many_requests_is_429_through_the_core():
+    client = core(max_num_seqs=1)
+    with serve(client, max_queued_requests=0) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=body(max_tokens=200, ignore_eos=True, stream=True)) as s:
+            lines = s.iter_lines()
+            next(lines)
+            r = c.post("/v1/completions", json=body())
+            assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert wait_until(lambda: idle(srv))
+        assert c.post("/v1/completions", json=body()).status_code == 200
+
+
+def test_a_core_that_dies_fails_its_requests_and_health_says_so():
+    client = core()
+    with serve(client) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=body(max_tokens=250, ignore_eos=True, stream=True)) as s:
+            lines = s.iter_lines()
+            next(lines)
+            os.kill(client.pid, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]" and "engine core stopped" in rest[-2]
+        assert c.get("/health").status_code == 503
+        assert c.post("/v1/completions", json=body()).status_code in (500, 503)
