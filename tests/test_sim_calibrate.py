@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab.sim import LinearStepModel, ReplicaConfig, Trace, save_trace
+from servelab.sim import KindStepModel, LinearStepModel, ReplicaConfig, Trace, save_trace
 from servelab.sim import calibrate as cal
 from servelab.sim.__main__ import main
 
@@ -36,7 +36,7 @@ def test_engine_run_records_every_step(run):
 
 
 def test_fit_and_compare(run):
-    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"), kind="linear")
     assert isinstance(model, LinearStepModel) and model.a > 0
     c = cal.compare(run, model)
     assert set(c.errors) == set(cal.METRICS)
@@ -44,8 +44,52 @@ def test_fit_and_compare(run):
     assert c.worst == max(abs(e) for e in c.errors.values())
 
 
+def test_cpu_clock_run_is_a_virtual_timeline(run):
+    """The default clock: step durations are CPU times and the requests' times are on the
+    virtual clock they advance (so TTFT of the first request is at least its first step)."""
+    assert run.info["clock"] == "cpu" and run.info["engine_tree"] in ("clean", "modified", "snapshot")
+    busy = run.durations.sum()
+    assert run.e2e.max() <= TRACE.arrival_s.max() + busy + 1e-9  # nothing waits but for steps
+    assert np.all(run.ttft >= run.durations.min() - 1e-12)
+
+
+def test_wall_clock_still_runs():
+    r = cal.run_engine(TRACE.subset(slice(0, 4)), CFG, label="wall", warmup=1, clock="wall", probe=False)
+    assert r.info["clock"] == "wall" and np.all(r.ttft > 0) and len(r.durations) == len(r.shapes)
+    with pytest.raises(ValueError, match="clock"):
+        cal.run_engine(TRACE, CFG, clock="sundial")
+
+
+def test_by_kind_fit_falls_back_on_a_tiny_run(run):
+    """A run with too few steps of one kind gets the one-line model, with a note saying why."""
+    model = cal.fit_step_model([run])
+    assert isinstance(model, (LinearStepModel, KindStepModel))
+    if isinstance(model, LinearStepModel):
+        assert "one line" in model.meta["note"]
+
+
+def test_old_step_model_files_still_load(tmp_path):
+    old = {"kind": "linear", "a": 0.004, "b_prefill": 1e-4, "c_decode": 2e-4, "d_context": 0.0, "e_pairs": 0.0,
+           "f_chunks": 0.0, "meta": {}, "noise": [], "noise_seed": 0, "bin_edges": [2], "bin_costs": [0.001]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    m = cal.load_step_model(path)
+    assert isinstance(m, LinearStepModel) and m.bin_on == "rows"
+    path.write_text(json.dumps({**old, "format": 99}))
+    with pytest.raises(ValueError, match="newer"):
+        cal.load_step_model(path)
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="not a saved step model"):
+        cal.load_step_model(path)
+
+
+def test_build_llm_is_public():
+    with pytest.raises(TypeError, match="ReplicaConfig"):
+        cal.build_llm({"max_num_seqs": 2})
+
+
 def test_cli_check(tmp_path, run, capsys):
-    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"), kind="linear")
     mpath = cal.save_step_model(model, tmp_path / "m.json")
     tpath = save_trace(TRACE.subset(slice(0, 6)), tmp_path / "t.jsonl")
     rc = main(["check", "--trace", str(tpath), "--step-model", str(mpath), "--max-num-seqs", "8",
@@ -93,7 +137,7 @@ def test_saved_calibration_if_present():
 
 
 def test_long_prompt_interference_in_the_engine():
-    llm = cal._build_llm(None, ReplicaConfig(max_num_seqs=3, max_num_batched_tokens=1024, num_kv_blocks=256), 0)
+    llm = cal.build_llm(ReplicaConfig(max_num_seqs=3, max_num_batched_tokens=1024, num_kv_blocks=256))
     whole = cal.long_prompt_interference(None, llm=llm, streams=2, stream_tokens=12, long_prompt=300,
                                          arrive_after=3)
     chunked = cal.long_prompt_interference(64, llm=llm, streams=2, stream_tokens=12, long_prompt=300,
@@ -104,7 +148,7 @@ def test_long_prompt_interference_in_the_engine():
 
 def test_speed_probe_scales_the_model(run):
     assert run.info["probe_s"] > 0
-    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"))
+    model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"), kind="linear")
     assert model.meta["probe_s"] == run.info["probe_s"]
     assert cal.speed_factor(run, model) == 1.0
     model.meta["probe_s"] = run.info["probe_s"] / 2  # the fit ran twice as fast as now

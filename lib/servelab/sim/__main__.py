@@ -3,6 +3,8 @@
     python -m servelab.sim check --trace FILE.jsonl [--model DIR]
         serve the trace with the real engine and with the calibrated simulator;
         print measured vs predicted TTFT and TPOT p50/p95, then "worst error: X%".
+        The engine's steps are timed by their CPU time on a virtual clock (``--clock wall``:
+        in real time, a busy machine's stalls included).
     python -m servelab.sim calibrate [--model DIR] [--out data/sim/step_model.json] [--quick]
         refit the step model on this machine (a probe burst, then the fit workloads) and save it.
     python -m servelab.sim run --rate 8 --n 100000 [--tier small] [--seats 64]
@@ -40,7 +42,7 @@ def cmd_check(a) -> int:
     meta = getattr(model, "meta", {})
     print(f"trace: {len(trace)} requests over {trace.duration_s:.1f} s; step model fitted at commit "
           f"{meta.get('git_commit', '?')} on {(meta.get('machine') or {}).get('cpu', '?')}")
-    run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace))
+    run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace), clock=a.clock)
     f = calibrate.speed_factor(run, model)
     if f != 1.0:
         print(f"speed probe: this machine ran the probe {f:.2f}x as slowly as during the fit "
@@ -57,16 +59,18 @@ def cmd_calibrate(a) -> int:
     t0 = time.time()
     cfg = calibrate.CONFIGS["base"]
     print("probe: a burst of requests to estimate this machine's speed ...", flush=True)
-    probe = calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="probe")
-    probe_model = calibrate.fit_step_model([probe])
+    calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="warm-up", clock=a.clock)
+    probe = calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="probe", clock=a.clock)
+    probe_model = calibrate.fit_step_model([probe], kind="linear")
     runs = [probe]
     for name, (trace, c) in calibrate.calibration_workloads(probe_model, quick=a.quick)["fit"].items():
         print(f"fit workload {name!r}: {len(trace)} requests at {trace.rate:.2f}/s ...", flush=True)
-        runs.append(calibrate.run_engine(trace, c, model_dir=a.model, label=name))
+        runs.append(calibrate.run_engine(trace, c, model_dir=a.model, label=name, clock=a.clock))
     model = calibrate.fit_step_model(runs)
     path = calibrate.save_step_model(model, a.out)
     print(f"step model: {model.describe()}")
-    print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps")
+    print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps"
+          + (f", R^2 {model.meta['r2']:.3f}" if "r2" in model.meta else ""))
     for r in runs[1:]:
         c = calibrate.compare(r, model)
         print(f"\n{r.label}\n{c.table()}")
@@ -100,11 +104,14 @@ def main(argv=None) -> int:
     c.add_argument("--model", default=None, help="checkpoint folder (default: the course's main model)")
     c.add_argument("--step-model", default=None, help="saved step model (default: data/sim/step_model.json)")
     c.add_argument("--save-run", default=None, help="also save the engine's measurements as JSON")
+    c.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
+                   help="time the engine's steps by their CPU time on a virtual clock (default) or in real time")
     _config_args(c)
     k = sub.add_parser("calibrate", help="refit the step model on this machine and save it")
     k.add_argument("--model", default=None)
     k.add_argument("--out", default=None, help="where to save (default: data/sim/step_model.json)")
     k.add_argument("--quick", action="store_true", help="fewer requests per workload")
+    k.add_argument("--clock", default="cpu", choices=("cpu", "wall"), help="as for check")
     r = sub.add_parser("run", help="simulate a synthetic stream on registry chips")
     r.add_argument("--n", type=int, default=100_000)
     r.add_argument("--rate", type=float, default=8.0)

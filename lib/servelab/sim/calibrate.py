@@ -1,18 +1,24 @@
 """Calibrating the simulator against the real engine, and checking it on a trace.
 
 1. :func:`run_engine` serves a :class:`~servelab.sim.workload.Trace` with the
-   real engine in real time: each request is added when the wall clock reaches
-   its arrival, the engine steps while it has work and sleeps until the next
-   arrival otherwise. It records every step's shape (from the scheduler's plan)
-   and duration, and every request's TTFT and TPOT.
-2. :func:`fit_step_model` fits a :class:`~servelab.sim.step_model.LinearStepModel`
-   to the recorded steps of some runs.
+   real engine: its own scheduler and steps, each request added when the clock
+   reaches its arrival. By default the clock is *virtual*: every step is timed
+   by the CPU time its thread used and the clock advances by that, so the
+   timeline is what the engine would do on a core of its own, whatever else
+   the machine runs (``clock="wall"`` keeps real time, sleeps and stalls
+   included). It records every step's shape (from the scheduler's plan) and
+   duration, and every request's TTFT and TPOT.
+2. :func:`fit_step_model` fits a step model
+   (:class:`~servelab.sim.step_model.KindStepModel`: one linear model per step
+   kind) to the recorded steps of some runs.
 3. :func:`compare` simulates the same trace with the fitted model and prints
    measured vs predicted TTFT and TPOT percentiles with each error.
 
-A step's duration is measured from its start to the next step's start when the
-engine went straight on (the loop's own work between steps counts: the
-simulator has no other place to put it), else to its end.
+On the wall clock a step's duration runs from its start to the next step's
+start when the engine went straight on (the loop's own work between steps
+counts: the simulator has no other place to put it), else to its end. On the
+virtual clock the loop's work (adding the arrived requests) is part of the
+step's CPU time.
 
 Imports the engine (and torch) inside the functions; the module itself is light.
 """
@@ -30,10 +36,11 @@ import numpy as np
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import plan_shape, trace_prompts
-from servelab.sim.step_model import LinearStepModel, StepShape, fit_linear, step_model_from_dict
+from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, fit_by_kind, fit_linear,
+                                     fit_report, step_model_from_dict)
 from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
-__all__ = ["EngineRun", "run_engine", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
+__all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
            "probe_trace", "rate_for_busy", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
            "long_prompt_interference"]
@@ -81,8 +88,15 @@ class EngineRun:
                    d.get("label", ""), d.get("info", {}))
 
 
-def _build_llm(model_dir, config: ReplicaConfig, seed: int):
+def build_llm(config: ReplicaConfig | None = None, model_dir=None, seed: int = 0):
+    """The real engine (:class:`servelab.engine.LLM`) set up like ``config``'s replica.
+
+    ``model_dir``: a checkpoint folder (default: the course's main model).
+    """
     from servelab.engine import LLM
+    config = config or ReplicaConfig()
+    if not isinstance(config, ReplicaConfig):
+        raise TypeError(f"config must be a servelab.sim.ReplicaConfig, got {type(config).__name__}")
     return LLM(str(model_dir or DEFAULT_MODEL_DIR), block_size=config.block_size,
                num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs,
                max_num_batched_tokens=config.max_num_batched_tokens,
@@ -91,23 +105,40 @@ def _build_llm(model_dir, config: ReplicaConfig, seed: int):
                long_prefill_token_threshold=config.long_prefill_token_threshold, seed=seed)
 
 
-def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
-               label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True) -> EngineRun:
-    """Serve ``trace`` with the real engine in real time (see module doc).
+#: The clocks :func:`run_engine` can time the engine by.
+CLOCKS = ("cpu", "wall")
 
-    ``probe``: first time :func:`speed_probe` (the machine's speed right now),
-    so a comparison can scale the step model to it.
+
+def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
+               label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
+               clock: str = "cpu") -> EngineRun:
+    """Serve ``trace`` with the real engine and time every step (see module doc).
+
+    ``clock="cpu"`` (default): the engine's own steps and schedule, each step
+    timed by the CPU time its thread used (``time.thread_time``); arrivals come
+    on a virtual clock advanced by those times, and idle gaps jump to the next
+    arrival. What the engine would do on a core of its own: time other
+    processes take from it is not counted. ``clock="wall"``: real time, the
+    engine sleeping between arrivals (a shared machine's stalls included).
+    Either way the garbage collector is off while timing (collected first).
+
+    ``probe``: first time :func:`speed_probe` (the machine's speed right now,
+    by the same clock), so a comparison can scale the step model to it.
     """
+    import gc
+
     import torch
 
     from servelab.sampling import SamplingParams
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config or ReplicaConfig()
     if cfg.policy != "continuous":
         raise ValueError("the engine runs the continuous policy; set policy='continuous'")
     if llm is None:
-        llm = _build_llm(model_dir, cfg, seed)
+        llm = build_llm(cfg, model_dir, seed)
     engine = llm.engine
     ctx = engine.config.max_model_len
     too_long = np.flatnonzero(trace.prompt_tokens + trace.output_tokens > ctx)
@@ -123,7 +154,8 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
         engine.add_request(f"warm{w}", rng.integers(0, llm.model.config.vocab_size - 8, 40 + 20 * w).tolist(),
                            SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
     engine.run_to_completion()
-    probe_s = speed_probe(llm, seed=seed) if probe else None
+    prefault(llm)
+    probe_s = speed_probe(llm, seed=seed, clock=clock) if probe else None
 
     shapes: list[StepShape] = []
     plans = []
@@ -134,64 +166,131 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
         plans.append(plan)
         return plan
 
-    engine.scheduler.schedule = recording_schedule
     n = len(trace)
     arrival = trace.arrival_s.tolist()
-    outs = {}
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=0.0)
+              for m in trace.output_tokens.tolist()]
+    first = [math.nan] * n
+    last = [math.nan] * n
+    count = [0] * n
+    done = 0
     starts, ends = [], []
-    t0 = time.perf_counter() + 0.01
     nxt = 0
+    gc.collect()
+    gc.disable()
+    engine.scheduler.schedule = recording_schedule
     try:
-        while len(outs) < n:
-            now = time.perf_counter()
-            while nxt < n and t0 + arrival[nxt] <= now:
-                engine.add_request(str(nxt), prompts[nxt],
-                                   SamplingParams(max_tokens=int(trace.output_tokens[nxt]), ignore_eos=True,
-                                                  temperature=0.0), arrival_time=t0 + arrival[nxt])
-                nxt += 1
-            if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, t0 + arrival[nxt] - time.perf_counter()))
-                continue
-            s = time.perf_counter()
-            got = engine.step()
-            e = time.perf_counter()
-            plan = plans[-1]
-            if not plan.is_empty:
-                shapes.append(plan_shape(plan))
-                starts.append(s)
-                ends.append(e)
-            for out in got:
-                if out.finished:
-                    outs[int(out.request_id)] = out
+        if clock == "cpu":
+            # the virtual clock: arrivals at their trace times, each step advancing it by its CPU time
+            vt = 0.0
+            while done < n:
+                c0 = time.thread_time()
+                while nxt < n and arrival[nxt] <= vt:
+                    engine.add_request(str(nxt), prompts[nxt], params[nxt], arrival_time=arrival[nxt])
+                    nxt += 1
+                if not engine.has_unfinished_requests():
+                    vt = arrival[nxt]
+                    continue
+                got = engine.step()
+                dt = time.thread_time() - c0
+                plan = plans[-1]
+                if not plan.is_empty:
+                    shapes.append(plan_shape(plan))
+                    starts.append(vt)
+                    ends.append(vt + dt)
+                vt += dt
+                for out in got:
+                    i = int(out.request_id)
+                    if count[i] == 0:
+                        first[i] = vt
+                    last[i] = vt
+                    count[i] += 1
+                    if out.finished:
+                        done += 1
+            durations = np.array(ends) - np.array(starts)
+        else:
+            t0 = time.perf_counter() + 0.01
+            while done < n:
+                now = time.perf_counter()
+                while nxt < n and t0 + arrival[nxt] <= now:
+                    engine.add_request(str(nxt), prompts[nxt], params[nxt], arrival_time=t0 + arrival[nxt])
+                    nxt += 1
+                if not engine.has_unfinished_requests():
+                    time.sleep(max(0.0, t0 + arrival[nxt] - time.perf_counter()))
+                    continue
+                s = time.perf_counter()
+                got = engine.step()
+                e = time.perf_counter()
+                plan = plans[-1]
+                if not plan.is_empty:
+                    shapes.append(plan_shape(plan))
+                    starts.append(s)
+                    ends.append(e)
+                for out in got:
+                    i = int(out.request_id)
+                    if count[i] == 0:
+                        first[i] = e - t0
+                    last[i] = e - t0
+                    count[i] += 1
+                    if out.finished:
+                        done += 1
+            # a step's duration: to the next step's start if the loop went straight on, else to its end
+            durations = np.array(ends) - np.array(starts)
+            for k in range(len(starts) - 1):
+                gap = starts[k + 1] - ends[k]
+                if gap < 0.5 * durations[k]:  # no sleep in between: charge the loop's own work to this step
+                    durations[k] = starts[k + 1] - starts[k]
     finally:
         engine.scheduler.schedule = schedule
-    # a step's duration: to the next step's start if the loop went straight on, else to its end
-    durations = np.array(ends) - np.array(starts)
-    for k in range(len(starts) - 1):
-        gap = starts[k + 1] - ends[k]
-        if gap < 0.5 * durations[k]:  # no sleep in between: charge the loop's own work to this step
-            durations[k] = starts[k + 1] - starts[k]
-    ttft = np.empty(n)
-    tpot = np.full(n, math.nan)
-    e2e = np.empty(n)
-    for i in range(n):
-        m = outs[i].metrics
-        ttft[i] = m.first_token_time - m.arrival_time
-        e2e[i] = m.token_times[-1] - m.arrival_time
-        if len(m.token_times) > 1:
-            tpot[i] = (m.token_times[-1] - m.token_times[0]) / (len(m.token_times) - 1)
+        gc.enable()
+    arr = trace.arrival_s
+    ttft = np.array(first) - arr
+    e2e = np.array(last) - arr
+    cnt = np.array(count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(cnt > 1, (np.array(last) - np.array(first)) / np.maximum(cnt - 1, 1), math.nan)
     from servelab import machine
-    info = {"machine": machine.describe(), "git_commit": git_commit(), "steps": len(shapes), "probe_s": probe_s}
+    info = {"machine": machine.describe(), "git_commit": git_commit(), "engine_tree": engine_tree_state(),
+            "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+
+
+def prefault(llm) -> None:
+    """Write every page of the engine's KV cache once, so no timed step pays the
+    operating system for a first touch (a fixed memory state for every run)."""
+    import torch
+    runner = getattr(llm.engine, "runner", None)
+    for t in getattr(runner, "kv_pools", None) or ():
+        if isinstance(t, torch.Tensor):
+            t.zero_()
+
+
+#: The files whose code the engine's step times depend on (checked for uncommitted edits).
+ENGINE_FILES = ("lib/servelab/model.py", "lib/servelab/paged.py", "lib/servelab/engine")
+
+
+def engine_tree_state() -> str:
+    """"clean", or "modified" when the engine's files had uncommitted edits while it ran
+    ("snapshot" for a run from an exported commit: see :func:`git_commit`)."""
+    import os
+    if os.environ.get("SERVELAB_GIT_COMMIT"):
+        return "snapshot"
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *ENGINE_FILES],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return "modified" if r.stdout.strip() else "clean"
 
 
 _probe_calls = [0]
 
 
-def speed_probe(llm, seed: int = 0) -> float:
+def speed_probe(llm, seed: int = 0, clock: str = "wall") -> float:
     """Seconds the engine takes for a fixed little batch (6 prompts of 64 tokens, 24 tokens each,
     all at once): the same steps every time, so its time tracks the machine's current speed.
-    Fresh random tokens each call (no prefix-cache hits)."""
+    Fresh random tokens each call (no prefix-cache hits). ``clock``: "wall" or "cpu" (the
+    thread's CPU time)."""
     from servelab.sampling import SamplingParams
     engine = llm.engine
     _probe_calls[0] += 1
@@ -200,15 +299,21 @@ def speed_probe(llm, seed: int = 0) -> float:
     sp = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0)
     for k in range(6):
         engine.add_request(f"probe{_probe_calls[0]}-{k}", rng.integers(0, vocab, 64).tolist(), sp)
+    timer = time.thread_time if clock == "cpu" else time.perf_counter
     total = 0.0
     while engine.has_unfinished_requests():
-        t0 = time.perf_counter()
+        t0 = timer()
         engine.step()
-        total += time.perf_counter() - t0
+        total += timer() - t0
     return total
 
 
 def git_commit() -> str:
+    """The checkout's short commit; ``SERVELAB_GIT_COMMIT`` overrides it (a run from an exported
+    snapshot of a commit, which is no git checkout)."""
+    import os
+    if os.environ.get("SERVELAB_GIT_COMMIT"):
+        return os.environ["SERVELAB_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip() or "unknown"
@@ -216,21 +321,42 @@ def git_commit() -> str:
         return "unknown"
 
 
-#: Row-count bins of the fitted model: small matrices do not cost in proportion to their rows.
+#: Row-count bins of the one-line model (:func:`fit_step_model` with ``kind="linear"``).
 ROW_BINS = (2, 4, 8, 16, 32, 64)
 
 
-def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs",
-                                   "prefill_seqs"), bins=ROW_BINS) -> LinearStepModel:
-    """Fit the linear step model (with an offset per row-count bin) to every recorded step of ``runs``."""
-    shapes = [s for r in runs for s in r.shapes]
-    durs = np.concatenate([r.durations for r in runs])
+def _fit_meta(runs) -> dict:
     meta = {"runs": [r.label for r in runs]}
     if runs and runs[0].info:
-        meta.update(git_commit=runs[0].info.get("git_commit"), machine=runs[0].info.get("machine"))
+        meta.update(git_commit=runs[0].info.get("git_commit"), machine=runs[0].info.get("machine"),
+                    clock=runs[0].info.get("clock", "wall"), engine_tree=runs[0].info.get("engine_tree"))
     probes = [r.info.get("probe_s") for r in runs if r.info.get("probe_s")]
     if probes:
         meta["probe_s"] = float(np.median(probes))  # the machine's speed during the fit runs
+    return meta
+
+
+def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs",
+                                   "prefill_seqs"), bins=ROW_BINS, kind: str = "by_kind"):
+    """Fit a step model to every recorded step of ``runs``.
+
+    ``kind="by_kind"`` (default): :func:`~servelab.sim.step_model.fit_by_kind`, a
+    linear model per step kind (``features`` and ``bins`` are then unused).
+    ``kind="linear"``: one :class:`LinearStepModel` over all steps with
+    ``features`` and an offset per row-count bin (the model before format 2).
+    """
+    shapes = [s for r in runs for s in r.shapes]
+    durs = np.concatenate([r.durations for r in runs]) if runs else np.zeros(0)
+    meta = _fit_meta(runs)
+    if kind == "by_kind":
+        try:
+            return fit_by_kind(shapes, durs, meta=meta)
+        except ValueError as exc:
+            if "measured" not in str(exc):
+                raise
+            meta["note"] = f"one line for every step: {exc}"  # too few steps of a kind (a tiny run)
+    elif kind != "linear":
+        raise ValueError(f"kind must be 'by_kind' or 'linear', got {kind!r}")
     if bins:
         # a bin needs enough steps to be measured; with too few the offsets can go negative
         rows = np.array([s.prefill_tokens + s.decode_rows for s in shapes])
@@ -290,7 +416,7 @@ def compare(run: EngineRun, step_model, normalise: bool = False) -> Comparison:
     return Comparison(run.label, run.percentiles(), predicted)
 
 
-def save_step_model(model: LinearStepModel, path=DEFAULT_STEP_MODEL) -> Path:
+def save_step_model(model, path=DEFAULT_STEP_MODEL) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -301,7 +427,11 @@ def load_step_model(path=DEFAULT_STEP_MODEL):
     path = Path(path)
     if not path.exists():
         raise ValueError(f"no saved step model at {str(path)!r}: run `python -m servelab.sim calibrate` first")
-    return step_model_from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r} is not a saved step model (not JSON: {exc})")
+    return step_model_from_dict(data)
 
 
 def probe_trace(n: int = 32, seed: int = 5) -> Trace:
@@ -340,6 +470,7 @@ WORKLOADS = {
         "long prompts": (LONG_PROMPTS, 0.6, {}, "base"),
         "long answers": (LONG_ANSWERS, 0.6, {}, "base"),
         "chunk 256": (MIXED, 0.5, {}, "chunk256"),
+        "bursty, long answers": (LONG_ANSWERS, 0.7, {"arrival": "gamma", "cv": 3.0}, "base"),
     },
     "held_out": {
         "medium rate": (SHORT, 0.6, {}, "base"),
@@ -360,9 +491,10 @@ CONFIGS = {
 
 def calibration_workloads(probe_model, quick: bool = False) -> dict:
     """{"fit": {name: (trace, config)}, "held_out": {...}}: the held-out workloads differ from
-    the fit set in rate, arrival burstiness, length mix, chunk size and prefix hits. Sized for
-    the course's small model (context 1,024 tokens)."""
-    n = 24 if quick else 60
+    the fit set in rate, length mix, chunk size and prefix hits (the fit set has one bursty
+    workload so that its steps cover large batches; the held-out bursty one has another length
+    mix and rate). Sized for the course's small model (context 1,024 tokens)."""
+    n = 24 if quick else 100
     out = {}
     for part, specs in WORKLOADS.items():
         out[part] = {}
@@ -394,7 +526,7 @@ def long_prompt_interference(chunk: int | None, *, streams: int = 4, stream_toke
     cfg = ReplicaConfig(max_num_seqs=streams + 1, max_num_batched_tokens=budget, num_kv_blocks=512,
                         long_prefill_token_threshold=chunk)
     if llm is None:
-        llm = _build_llm(model_dir, cfg, seed)
+        llm = build_llm(cfg, model_dir, seed)
     else:
         c = llm.engine.config
         c.max_num_batched_tokens, c.long_prefill_token_threshold = budget, chunk

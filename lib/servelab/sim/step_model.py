@@ -12,6 +12,14 @@ Two step models turn a shape into seconds:
 * :class:`LinearStepModel` - fitted to the real engine's measured steps:
   ``a + b*prefill_tokens + c*decode_rows + d*decode_context + e*prefill_pairs
   + f*prefill_seqs`` (all coefficients >= 0; :func:`fit_linear`).
+* :class:`KindStepModel` - two fitted linear models, one for pure decode
+  steps (with an offset per decode-row count: small matrices do not cost in
+  proportion to their rows) and one for steps that compute prompt tokens
+  (prefill chunks, alone or sharing the step with decode rows);
+  :func:`fit_by_kind`. The engine runs these two kinds through different
+  code (a decode step attends one query row per sequence; a prompt chunk
+  attends its rows against their past), so one line through both misses
+  each by a share of its time.
 * :class:`RooflineStepModel` - a chip from the registry: the larger of the
   memory time (weights once, plus every KV byte read) and the compute time
   (2 x parameters per token, plus attention), plus a fixed overhead.
@@ -30,8 +38,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["StepShape", "StepModel", "LinearStepModel", "RooflineStepModel", "fit_linear",
-           "step_model_from_dict", "FEATURES"]
+__all__ = ["StepShape", "StepModel", "LinearStepModel", "KindStepModel", "RooflineStepModel", "fit_linear",
+           "fit_by_kind", "step_model_from_dict", "step_kind", "fit_report", "FEATURES", "STEP_KINDS",
+           "STEP_MODEL_FORMAT"]
 
 #: Names of the fitted model's terms, in the order of its coefficients.
 FEATURES = ("1", "prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
@@ -48,6 +57,24 @@ class StepShape(NamedTuple):
     def features(self) -> tuple:
         return (1.0, self.prefill_tokens, self.decode_rows, self.decode_context, self.prefill_pairs,
                 self.prefill_seqs)
+
+
+#: Kinds of step, for fitting and for residuals: no prompt tokens; prompt tokens only; both.
+STEP_KINDS = ("decode", "prefill", "mixed")
+
+#: What a fitted model's row-count bins may count.
+BIN_ON = ("rows", "decode_rows")
+
+#: Version of the saved step-model format (``to_dict``/``step_model_from_dict``). Version 1 saved
+#: ``kind`` "linear" or "roofline" without a version; version 2 adds "by_kind".
+STEP_MODEL_FORMAT = 2
+
+
+def step_kind(shape: StepShape) -> str:
+    """"decode" (no prompt tokens), "prefill" (prompt tokens only) or "mixed" (both)."""
+    if not shape.prefill_tokens:
+        return "decode"
+    return "mixed" if shape.decode_rows else "prefill"
 
 
 def chunk_pairs(start: int, n: int) -> float:
@@ -179,6 +206,8 @@ class LinearStepModel(StepModel):
     #: kernels whose cost is not linear in their rows (on some CPUs 2-3 rows cost twice one).
     bin_edges: tuple = ()
     bin_costs: tuple = ()
+    #: What the bins count: "rows" (prompt tokens + decode rows) or "decode_rows".
+    bin_on: str = "rows"
 
     def __post_init__(self):
         for name in ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks"):
@@ -190,6 +219,8 @@ class LinearStepModel(StepModel):
         self.bin_costs = tuple(float(x) for x in self.bin_costs)
         if len(self.bin_edges) != len(self.bin_costs):
             raise ValueError("bin_edges and bin_costs must have the same length")
+        if self.bin_on not in BIN_ON:
+            raise ValueError(f"bin_on must be one of {BIN_ON}, got {self.bin_on!r}")
         self.reset_noise()
 
     @property
@@ -210,7 +241,7 @@ class LinearStepModel(StepModel):
 
     def without_noise(self) -> "LinearStepModel":
         return LinearStepModel(*self.coefficients, meta=dict(self.meta), bin_edges=self.bin_edges,
-                               bin_costs=self.bin_costs)
+                               bin_costs=self.bin_costs, bin_on=self.bin_on)
 
     def scaled(self, factor: float) -> "LinearStepModel":
         """Every step ``factor`` times as long (a machine that runs slower or faster right now)."""
@@ -218,7 +249,8 @@ class LinearStepModel(StepModel):
             raise ValueError(f"factor must be positive, got {factor!r}")
         return LinearStepModel(*(c * factor for c in self.coefficients), meta=dict(self.meta),
                                noise=tuple(x * factor for x in self.noise), noise_seed=self.noise_seed,
-                               bin_edges=self.bin_edges, bin_costs=tuple(c * factor for c in self.bin_costs))
+                               bin_edges=self.bin_edges, bin_costs=tuple(c * factor for c in self.bin_costs),
+                               bin_on=self.bin_on)
 
     @property
     def coefficients(self) -> tuple:
@@ -238,7 +270,8 @@ class LinearStepModel(StepModel):
                 + self.d_context * shape.decode_context + self.e_pairs * shape.prefill_pairs
                 + self.f_chunks * shape.prefill_seqs)
         if self.bin_edges:
-            base += self._bin(shape.prefill_tokens + shape.decode_rows)
+            base += self._bin(shape.decode_rows if self.bin_on == "decode_rows"
+                              else shape.prefill_tokens + shape.decode_rows)
         return self._jitter(base) if self.noise else base
 
     def decode_lines(self, rows):
@@ -256,7 +289,8 @@ class LinearStepModel(StepModel):
                 f"{self.c_decode * 1e6:.2f} us/decode row + {self.d_context * 1e9:.2f} ns/context token + "
                 f"{self.e_pairs * 1e9:.3f} ns/attention pair + {self.f_chunks * 1e6:.1f} us/prompt chunk")
         if self.bin_edges:
-            text += ", plus by rows in the step: " + ", ".join(
+            what = "decode rows" if self.bin_on == "decode_rows" else "rows"
+            text += f", plus by {what} in the step: " + ", ".join(
                 f">={e}: {c * 1e3:+.2f} ms" for e, c in zip(self.bin_edges, self.bin_costs))
         return text
 
@@ -345,18 +379,161 @@ class RooflineStepModel(StepModel):
         return d
 
 
+@dataclass
+class KindStepModel(StepModel):
+    """A fitted model per step kind: ``decode`` for steps without prompt tokens,
+    ``prefill`` for steps with them (prefill chunks, alone or mixed with decode rows)."""
+
+    decode: LinearStepModel
+    prefill: LinearStepModel
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("decode", "prefill"):
+            if not isinstance(getattr(self, name), LinearStepModel):
+                raise TypeError(f"KindStepModel.{name} must be a LinearStepModel, "
+                                f"got {type(getattr(self, name)).__name__}")
+
+    @property
+    def noisy(self) -> bool:
+        return self.decode.noisy or self.prefill.noisy
+
+    def reset_noise(self) -> None:
+        self.decode.reset_noise()
+        self.prefill.reset_noise()
+
+    def step_s(self, shape: StepShape) -> float:
+        return (self.prefill if shape.prefill_tokens else self.decode).step_s(shape)
+
+    def decode_lines(self, rows):
+        return self.decode.decode_lines(rows)
+
+    def scaled(self, factor: float) -> "KindStepModel":
+        """Every step ``factor`` times as long."""
+        return KindStepModel(self.decode.scaled(factor), self.prefill.scaled(factor), dict(self.meta))
+
+    def without_noise(self) -> "KindStepModel":
+        return KindStepModel(self.decode.without_noise(), self.prefill.without_noise(), dict(self.meta))
+
+    def to_dict(self) -> dict:
+        return {"kind": "by_kind", "format": STEP_MODEL_FORMAT, "decode": self.decode.to_dict(),
+                "prefill": self.prefill.to_dict(), "meta": self.meta}
+
+    def describe(self) -> str:
+        d, p = self.decode, self.prefill
+        text = (f"decode steps: {d.a * 1e3:.3f} ms + {d.c_decode * 1e6:.2f} us/row + "
+                f"{d.d_context * 1e9:.2f} ns/context token")
+        if d.bin_edges:
+            text += " + by rows: " + ", ".join(f">={e}: {c * 1e3:+.2f} ms"
+                                                for e, c in zip(d.bin_edges, d.bin_costs))
+        text += (f"; steps with prompt tokens: {p.a * 1e3:.3f} ms + {p.b_prefill * 1e6:.2f} us/prompt token + "
+                 f"{p.e_pairs * 1e9:.2f} ns/attention pair + {p.f_chunks * 1e6:.1f} us/prompt chunk + "
+                 f"{p.c_decode * 1e6:.2f} us/decode row + {p.d_context * 1e9:.2f} ns/context token")
+        if p.bin_edges:
+            text += "".join(f" + {c * 1e3:.2f} ms with >= {e} decode rows" for e, c in zip(p.bin_edges, p.bin_costs))
+        return text
+
+
 def step_model_from_dict(d: dict) -> StepModel:
+    """Read a step model saved by ``to_dict`` (any format up to :data:`STEP_MODEL_FORMAT`)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a saved step model is a JSON object, got {type(d).__name__}")
     d = dict(d)
     kind = d.pop("kind", None)
+    fmt = d.pop("format", 1)
+    if not isinstance(fmt, int) or fmt > STEP_MODEL_FORMAT:
+        raise ValueError(f"step model format {fmt!r} is newer than this servelab reads "
+                         f"(up to {STEP_MODEL_FORMAT}): update servelab or refit with "
+                         f"`python -m servelab.sim calibrate`")
     if kind == "linear":
         return LinearStepModel(**d)
     if kind == "roofline":
         return RooflineStepModel(**d)
-    raise ValueError(f"unknown step model kind {kind!r}; expected 'linear' or 'roofline'")
+    if kind == "by_kind":
+        try:
+            return KindStepModel(step_model_from_dict(d["decode"]), step_model_from_dict(d["prefill"]),
+                                 d.get("meta", {}))
+        except KeyError as exc:
+            raise ValueError(f"a 'by_kind' step model needs 'decode' and 'prefill' parts; {exc} is missing")
+    raise ValueError(f"unknown step model kind {kind!r}; expected 'linear', 'by_kind' or 'roofline'")
+
+
+def fit_report(model: StepModel, shapes, durations) -> dict:
+    """How well ``model`` explains measured steps: R^2 (on seconds) and, per step kind,
+    the count, the median relative error (predicted - measured over measured), the
+    median absolute relative error and the predicted/measured ratio of their total time."""
+    shapes = list(shapes)
+    y = np.asarray(durations, dtype=float)
+    pred = np.array([model.step_s(s) for s in shapes])
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    out = {"r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan, "n_steps": int(len(y)), "kinds": {}}
+    kinds = np.array([step_kind(s) for s in shapes])
+    for k in STEP_KINDS:
+        m = kinds == k
+        if not m.any():
+            continue
+        rel = (pred[m] - y[m]) / y[m]
+        out["kinds"][k] = {"steps": int(m.sum()), "median_err": float(np.median(rel)),
+                           "median_abs_err": float(np.median(np.abs(rel))),
+                           "total_ratio": float(pred[m].sum() / y[m].sum())}
+    return out
+
+
+#: Terms of each part of :func:`fit_by_kind`.
+DECODE_FEATURES = ("decode_rows", "decode_context")
+PREFILL_FEATURES = ("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
+
+
+def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 33), min_bin_steps: int = 20,
+                meta: dict | None = None) -> KindStepModel:
+    """Fit a :class:`KindStepModel` by least squares (slopes >= 0, row offsets of any sign).
+
+    Pure decode steps fit ``a + c*rows + d*context`` plus an offset per row-count
+    bin (``decode_bins``; a bin with fewer than ``min_bin_steps`` steps is merged
+    into the one below). Steps with prompt tokens fit ``a + b*prompt tokens +
+    e*attention pairs + f*prompt chunks + c*decode rows + d*context``, plus an
+    offset when any decode rows share the step (fitted when there are at least
+    ``min_bin_steps`` such steps).
+    """
+    shapes = list(shapes)
+    y = np.asarray(durations, dtype=float)
+    if len(shapes) != len(y):
+        raise ValueError(f"got {len(shapes)} step shapes but {len(y)} durations")
+    dec = np.array([not s.prefill_tokens for s in shapes], dtype=bool)
+    need = {"decode": len(DECODE_FEATURES) + 1, "prompt": len(PREFILL_FEATURES) + 1}
+    for name, m in (("decode", dec), ("prompt", ~dec)):
+        if m.sum() < need[name]:
+            raise ValueError(f"need at least {need[name]} measured {name} steps to fit that part, got {int(m.sum())}")
+    dshapes = [s for s, d in zip(shapes, dec) if d]
+    rows = np.array([s.decode_rows for s in dshapes])
+    edges = tuple(sorted(int(b) for b in decode_bins))
+    bins = tuple(b for b, nxt in zip(edges, (*edges[1:], np.inf))
+                 if np.sum((rows >= b) & (rows < nxt)) >= min_bin_steps)
+    decode = None
+    while decode is None:
+        try:
+            decode = fit_linear(dshapes, y[dec], features=DECODE_FEATURES, bins=bins)
+        except ValueError:
+            if not bins:
+                raise
+            bins = bins[:-1]
+    pshapes = [s for s, d in zip(shapes, dec) if not d]
+    mixed = sum(1 for s in pshapes if s.decode_rows)
+    # a step with prompt tokens pays once for having decode rows at all (their own attention pass)
+    pbins = (1,) if min_bin_steps <= mixed < len(pshapes) else ()
+    prefill = fit_linear(pshapes, y[~dec], features=PREFILL_FEATURES, bins=pbins, bin_on="decode_rows")
+    model = KindStepModel(decode, prefill, dict(meta or {}))
+    rep = fit_report(model, shapes, y)
+    pred = np.array([model.step_s(s) for s in shapes])
+    model.meta.update(n_steps=int(len(y)), median_abs_rel_err=float(np.median(np.abs(pred - y) / y)),
+                      r2=rep["r2"], kinds=rep["kinds"])
+    return model
 
 
 def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
-               weighting: str = "time", jitter: bool = False, bins: tuple = ()) -> LinearStepModel:
+               weighting: str = "time", jitter: bool = False, bins: tuple = (),
+               bin_on: str = "rows") -> LinearStepModel:
     """Least squares with every coefficient >= 0 (an exact search over active sets).
 
     ``shapes``: :class:`StepShape` per step; ``durations``: seconds per step.
@@ -367,7 +544,8 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     much as long prefills, but the fit then runs low on noisy data).
     ``jitter``: keep the residuals' quantiles as the model's noise (see
     :class:`LinearStepModel`). ``bins``: row-count bin edges (e.g. ``(2, 4, 8)``);
-    each bin gets its own offset, fitted without a sign constraint.
+    each bin gets its own offset, fitted without a sign constraint; ``bin_on``
+    says what they count ("rows": prompt tokens + decode rows; "decode_rows").
     """
     shapes = list(shapes)
     y = np.asarray(durations, dtype=float)
@@ -383,8 +561,11 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
         raise ValueError(f"unknown features {sorted(unknown)}; choose from {FEATURES}")
     X = np.array([s.features() for s in shapes], dtype=float)
     bins = tuple(int(b) for b in bins)
+    if bin_on not in BIN_ON:
+        raise ValueError(f"bin_on must be one of {BIN_ON}, got {bin_on!r}")
     if bins:
-        rows = np.array([s.prefill_tokens + s.decode_rows for s in shapes])
+        rows = np.array([s.decode_rows if bin_on == "decode_rows" else s.prefill_tokens + s.decode_rows
+                         for s in shapes])
         edges = np.array(bins + (np.inf,))
         onehot = np.stack([(rows >= lo) & (rows < hi) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
         X = np.hstack([X, onehot.astype(float)])
@@ -423,4 +604,4 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     if costs and a + min(costs) < 0:  # keep every step's fixed part >= 0
         raise ValueError("the fitted row-count offsets make a step's fixed cost negative; use fewer bins")
     return LinearStepModel(*[float(c) for c in base], meta=info, noise=noise, bin_edges=bins,
-                           bin_costs=tuple(costs))
+                           bin_costs=tuple(costs), bin_on=bin_on)

@@ -1,0 +1,90 @@
+"""The step model fitted per step kind (servelab.sim.step_model.KindStepModel, format 2)."""
+import json
+
+import numpy as np
+import pytest
+
+from servelab.sim import KindStepModel, LinearStepModel, ReplicaConfig, StepShape, fit_by_kind, simulate, synthetic
+from servelab.sim.step_model import STEP_MODEL_FORMAT, fit_report, step_kind, step_model_from_dict
+
+TRUE_DECODE = LinearStepModel(a=0.004, c_decode=3e-5, d_context=1.5e-6, bin_edges=(2, 4), bin_costs=(0.002, 0.003))
+TRUE_PREFILL = LinearStepModel(a=0.003, b_prefill=1.4e-4, e_pairs=2e-7, f_chunks=0.002, c_decode=1e-5,
+                               bin_edges=(1,), bin_costs=(0.0025,), bin_on="decode_rows")
+TRUE = KindStepModel(TRUE_DECODE, TRUE_PREFILL)
+
+
+def _shapes(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        kind = rng.integers(3)
+        R = 0 if kind == 1 else int(rng.integers(1, 12))
+        K = int(R * rng.integers(10, 300))
+        if kind == 0:
+            out.append(StepShape(0, R, K))
+        else:
+            P = int(rng.integers(8, 400))
+            start = int(rng.integers(0, 300))
+            out.append(StepShape(P, R, K, P * start + P * (P + 1) / 2, 1, start + P))
+    return out
+
+
+def test_step_kind():
+    assert step_kind(StepShape(0, 3, 30)) == "decode"
+    assert step_kind(StepShape(40, 0, 0, 820.0, 1, 40)) == "prefill"
+    assert step_kind(StepShape(40, 2, 30, 820.0, 1, 40)) == "mixed"
+
+
+def test_fit_recovers_a_model_of_that_form():
+    shapes = _shapes()
+    y = np.array([TRUE.step_s(s) for s in shapes])
+    m = fit_by_kind(shapes, y, decode_bins=(2, 4))
+    assert m.meta["r2"] == pytest.approx(1.0, abs=1e-9)
+    for s in shapes[:50]:
+        assert m.step_s(s) == pytest.approx(TRUE.step_s(s), rel=1e-6)
+    assert set(m.meta["kinds"]) == {"decode", "prefill", "mixed"}
+    assert m.prefill.bin_on == "decode_rows" and m.prefill.bin_edges == (1,)
+
+
+def test_noisy_fit_reports_residuals_by_kind():
+    shapes = _shapes(seed=1)
+    rng = np.random.default_rng(2)
+    y = np.array([TRUE.step_s(s) for s in shapes]) * rng.lognormal(0, 0.1, len(shapes))
+    m = fit_by_kind(shapes, y)
+    rep = fit_report(m, shapes, y)
+    assert 0.5 < rep["r2"] < 1.0
+    for k, v in rep["kinds"].items():
+        assert v["median_abs_err"] < 0.15 and abs(v["total_ratio"] - 1) < 0.1, k
+
+
+def test_round_trip_and_format():
+    d = json.loads(json.dumps(TRUE.to_dict()))
+    assert d["format"] == STEP_MODEL_FORMAT and d["kind"] == "by_kind"
+    back = step_model_from_dict(d)
+    s = StepShape(100, 3, 300, 5050.0, 1, 100)
+    assert back.step_s(s) == pytest.approx(TRUE.step_s(s))
+    with pytest.raises(ValueError, match="decode"):
+        step_model_from_dict({"kind": "by_kind", "format": 2, "prefill": TRUE_PREFILL.to_dict()})
+    with pytest.raises(TypeError, match="LinearStepModel"):
+        KindStepModel(TRUE_DECODE, "fast")
+
+
+def test_simulator_runs_with_it_and_decode_runs_match_single_steps():
+    """Whole decode runs summed in closed form equal the sum of single steps (the decode part's bins)."""
+    for rows in (1, 2, 3, 5):
+        k0 = 40 * rows
+        run = TRUE.decode_run_s(rows, k0, 17)
+        one_by_one = sum(TRUE.step_s(StepShape(0, rows, k0 + i * rows)) for i in range(17))
+        assert run == pytest.approx(one_by_one)
+    r = simulate(synthetic(200, 5.0, seed=3), TRUE, ReplicaConfig(max_num_seqs=16, max_num_batched_tokens=512,
+                                                                     num_kv_blocks=1024))
+    assert np.all(np.isfinite(r.ttft)) and r.num_steps > 0
+    slow = TRUE.scaled(2.0)
+    assert slow.step_s(StepShape(50, 2, 60, 1275.0, 1, 50)) == pytest.approx(
+        2 * TRUE.step_s(StepShape(50, 2, 60, 1275.0, 1, 50)))
+
+
+def test_fit_needs_steps_of_both_kinds():
+    shapes = [StepShape(0, 2, 40)] * 30
+    with pytest.raises(ValueError, match="prompt steps"):
+        fit_by_kind(shapes, np.full(30, 0.005))
