@@ -292,9 +292,12 @@ def test_outlier_demo_orders_the_fixes():
     assert e["int8, groups of 128"] < e["per-tensor int8"]
 
 
-def test_a_fused_model_is_unfused_and_gives_the_same_logits():
+def test_a_fused_model_quantizes_to_the_same_logits():
+    """Full-precision fused matrices are dropped; int8 groups are fused again (tests/test_quant_fused.py)."""
     ids = torch.tensor([[1, 5, 9, 3]])
-    plain = Q.quantize_model(_tiny_model(), "int8")
-    fused = Q.quantize_model(_tiny_model().fuse_projections(), "int8")
+    plain = Q.quantize_model(_tiny_model(), "int4-g32")
+    fused = Q.quantize_model(_tiny_model().fuse_projections(), "int4-g32")
     assert all(layer.self_attn.fused_qkv is None and layer.mlp.fused_gate_up is None for layer in fused.layers)
     assert torch.allclose(plain(ids), fused(ids), atol=1e-6)
+    int8 = Q.quantize_model(_tiny_model().fuse_projections(), "int8")
+    assert all(isinstance(layer.self_attn.fused_qkv, Q.FusedQuantizedLinears) for layer in int8.layers)

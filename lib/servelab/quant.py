@@ -23,7 +23,9 @@ weights: half the bytes, about half the time. This module makes that concrete:
   bytes held are small, the bytes a step reads are not).
 * :func:`quantize_model` swaps a :class:`servelab.model.LlamaModel`'s
   projections (q/k/v/o, gate/up/down) for quantized ones, in place. The
-  output head stays in full precision unless ``lm_head=True``.
+  output head stays in full precision unless ``lm_head=True``. In int8, Q/K/V
+  and gate/up are stored as one matrix each (:class:`FusedQuantizedLinears`),
+  so a decode step calls the kernel four times per layer, not seven.
 * Quality: :func:`perplexity`, :func:`quality_table` (perplexity on the
   corpus's validation split, top-1 agreement and KL divergence against fp32)
   and :func:`outlier_demo` (one large channel and its fixes).
@@ -42,7 +44,8 @@ from torch import nn
 __all__ = [
     "Format", "FORMATS", "SCHEMES", "get_format", "bits_per_weight", "FP4_E2M1_VALUES",
     "round_to_fp4", "quantize_weight", "dequantize_weight", "fake_quantize", "roundtrip_error",
-    "pack_nibbles", "unpack_nibbles", "QuantizedLinear", "quantize_model", "is_quantized",
+    "pack_nibbles", "unpack_nibbles", "QuantizedLinear", "FusedQuantizedLinears", "fusable_quantized",
+    "quantize_model", "is_quantized",
     "linear_weight_bytes", "PROJECTIONS", "perplexity", "validation_tokens", "quality_table",
     "outlier_demo", "memory_bound_step_seconds",
 ]
@@ -309,6 +312,15 @@ def _int4pack_gather_index(n: int, k: int) -> torch.Tensor:
     return inverse.to(torch.int32)
 
 
+def _low_bit_matmul(kernel: str, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                    group: int | None) -> torch.Tensor:
+    """``x2 [rows, in] @ W^T`` through PyTorch's CPU kernel ``kernel`` ("int8pack" or "int4pack")."""
+    x2 = x2.contiguous()
+    if kernel == "int8pack":
+        return torch.ops.aten._weight_int8pack_mm(x2, codes, scales.to(x2.dtype))
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, codes, group, scales.to(x2.dtype))
+
+
 class QuantizedLinear(nn.Module):
     """A linear layer whose weight is stored packed in a low-bit format.
 
@@ -415,13 +427,10 @@ class QuantizedLinear(nn.Module):
         if x2.dtype not in (torch.float32, torch.bfloat16):
             x2 = x2.float()
         path = self.path(x2.shape[0], x2.dtype)
-        if path == "int8pack":
-            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.codes, self.scales.to(x2.dtype))
-        elif path == "int4pack":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.codes, self.format.group,
-                                                           self.scales.to(x2.dtype))
-        else:
+        if path == "dequantize":
             y = F.linear(x2, self.dequantized_weight(x2.dtype))
+        else:
+            y = _low_bit_matmul(path, x2, self.codes, self.scales, self.format.group)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
@@ -429,6 +438,78 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
                 f"kernel={self.kernel}, nbytes={self.nbytes:,}")
+
+
+class FusedQuantizedLinears:
+    """Several int8 :class:`QuantizedLinear` that read the same input, stored as one packed matrix.
+
+    The quantized counterpart of :class:`servelab.model.FusedLinears`: Q, K and
+    V (or gate and up) become one ``[sum of outputs, in]`` int8 matrix with its
+    per-row scales, and a decode step calls the int8 kernel once per group
+    instead of once per projection. Each projection's ``codes`` and ``scales``
+    become views of their rows, so nothing is held twice and every layer still
+    works on its own. The model calls it through the same hook as the
+    full-precision fusion (``fused_qkv``, ``fused_gate_up``): it is used while
+    :meth:`is_current` (the layers still hold views of it), else the model runs
+    the projections one by one.
+    """
+
+    def __init__(self, linears):
+        if not fusable_quantized(linears):
+            raise TypeError("only int8 QuantizedLinear layers with the same input width and all or no "
+                            f"biases fuse, got {[getattr(l, 'scheme', type(l).__name__) for l in linears]}")
+        with torch.no_grad():
+            self.codes = torch.cat([l.codes for l in linears])
+            self.scales = torch.cat([l.scales for l in linears])
+            has_bias = linears[0].bias is not None
+            self.bias = torch.cat([l.bias for l in linears]) if has_bias else None
+            self.sizes = [l.out_features for l in linears]
+            row = 0
+            for l, n in zip(linears, self.sizes):
+                l.codes = self.codes[row:row + n]
+                l.scales = self.scales[row:row + n]
+                if has_bias:
+                    l.bias = self.bias[row:row + n]
+                row += n
+        self._linears = tuple(linears)
+        self._layer = linears[0]
+
+    def is_current(self, linears) -> bool:
+        """True while these very layers still hold views of this fused matrix's rows.
+
+        Checked by addresses on every call (cheap), so after ``model.to(...)`` or a
+        swapped buffer the group runs one by one instead of on stale numbers; a
+        ``copy.deepcopy`` of the model keeps the views, and so the fusion.
+        """
+        if len(linears) != len(self._linears):
+            return False
+        row, k = 0, self.codes.shape[1]
+        code0, scale0 = self.codes.data_ptr(), self.scales.data_ptr()
+        size = self.scales.element_size()
+        for l, ref in zip(linears, self._linears):
+            if (l is not ref or l.codes.data_ptr() != code0 + row * k
+                    or l.scales.data_ptr() != scale0 + row * size or l.scales.dtype != self.scales.dtype):
+                return False
+            if self.bias is not None and (l.bias is None or l.bias.data_ptr() != self.bias.data_ptr()
+                                          + row * self.bias.element_size()):
+                return False
+            row += l.out_features
+        return True
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x2 = x.reshape(-1, x.shape[-1])
+        if self._layer.path(x2.shape[0], x2.dtype) != "int8pack":
+            return tuple(l(x) for l in self._linears)
+        y = _low_bit_matmul("int8pack", x2, self.codes, self.scales, None)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], y.shape[-1]).split(self.sizes, dim=-1)
+
+
+def fusable_quantized(linears) -> bool:
+    """int8 :class:`QuantizedLinear` layers of one input width, biases all present or all absent."""
+    return (len(linears) > 0 and all(isinstance(l, QuantizedLinear) and l.kernel == "int8pack" for l in linears)
+            and len({l.in_features for l in linears}) == 1 and len({l.bias is None for l in linears}) == 1)
 
 
 # ====================================================================== whole models
@@ -443,15 +524,17 @@ def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, QuantizedLinear) for m in model.modules())
 
 
-def quantize_model(model: nn.Module, scheme: str, lm_head: bool = False) -> nn.Module:
+def quantize_model(model: nn.Module, scheme: str, lm_head: bool = False, fuse: bool = True) -> nn.Module:
     """Replace every decoder layer's projections with :class:`QuantizedLinear`, in place; returns ``model``.
 
     ``scheme`` is one of :data:`SCHEMES` ("int8", "int4" = "int4-g128",
     "int4-g32", "mxfp4", "nvfp4"). The embedding and norms stay as they are;
     the output head too unless ``lm_head=True`` (a tied head is then quantized
     as a separate copy and the embedding table keeps its full-precision rows).
-    Fused projection groups are unfused: a quantized layer multiplies Q, K and
-    V (gate and up) one matrix at a time.
+    Full-precision fused groups are dropped; with ``fuse=True`` (default) int8
+    Q/K/V and gate/up are fused again as int8 (:class:`FusedQuantizedLinears`:
+    one kernel call per group, the same numbers). Other formats multiply one
+    matrix at a time (the int4 kernel's packed layout cannot be sliced into views).
     """
     fmt = get_format(scheme)
     if not hasattr(model, "layers"):
@@ -473,10 +556,12 @@ def quantize_model(model: nn.Module, scheme: str, lm_head: bool = False) -> nn.M
         for parent, name, lin in linears:
             setattr(parent, name, QuantizedLinear.from_linear(lin, fmt.name))
     for layer in model.layers:
-        # fused matrices hold the old weights: drop them so each projection runs its own kernel
-        for mod, attr in ((layer.self_attn, "fused_qkv"), (layer.mlp, "fused_gate_up")):
-            if getattr(mod, attr, None) is not None:
-                setattr(mod, attr, None)
+        # full-precision fused matrices hold the old weights: int8 groups get a fused int8
+        # matrix (one kernel call per group), other formats run each projection on its own
+        for mod, attr, names in ((layer.self_attn, "fused_qkv", ("q_proj", "k_proj", "v_proj")),
+                                 (layer.mlp, "fused_gate_up", ("gate_proj", "up_proj"))):
+            group = [getattr(mod, n) for n in names]
+            setattr(mod, attr, FusedQuantizedLinears(group) if fuse and fusable_quantized(group) else None)
     model.quantization = fmt.name
     return model
 
