@@ -72,6 +72,9 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._callbacks: dict[str, Callable[[RequestOutput], object]] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        # n > 1: a parent request fans out into n child sequences (vLLM V1's ParentRequest)
+        self._groups: dict[str, list[Sequence]] = {}    # parent id -> its children, by index
+        self._deferred: dict[str, list[Sequence]] = {}  # children waiting for the first one's prompt
         self.keep_step_log = keep_step_log
         self.step_log: list[StepStats] = []
         self.num_steps = 0
@@ -117,15 +120,30 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params=None, *,
                     arrival_time: float | None = None,
                     callback: Callable[[RequestOutput], object] | None = None,
-                    cache_salt: str | None = None) -> Sequence:
-        """Queue a request. Raises ``ValueError`` (and queues nothing) if it can never run."""
+                    cache_salt: str | None = None, n: int | None = None) -> Sequence:
+        """Queue a request. Raises ``ValueError`` (and queues nothing) if it can never run.
+
+        ``n`` (default: ``sampling_params.n`` if the params have it, else 1) asks
+        for n completions of the one prompt, as vLLM V1 does it: the request fans
+        out into n child sequences (ids ``"<id>#<i>"``; a seeded request's child i
+        draws with ``seed + i``). The first child computes the prompt; the others
+        are queued once its prompt is computed, so they find its full blocks in
+        the prefix cache and share them. Outputs keep the parent's id and say
+        which completion they carry (``out.index``); the finished output holds
+        all n completions, in index order.
+        """
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be a servelab.sampling.SamplingParams, "
                             f"got {type(sampling_params).__name__}")
         sampling_params.validate()  # fields may have been changed since construction
-        if request_id in self.requests:
+        if n is None:
+            n = getattr(sampling_params, "n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n (completions per prompt) must be an integer >= 1, got {n!r}")
+        if request_id in self.requests or request_id in self._groups or (
+                n > 1 and any(f"{request_id}#{i}" in self.requests for i in range(n))):
             raise ValueError(f"request id {request_id!r} is already in use; pick a unique id")
         text = None
         if isinstance(prompt, str):
@@ -136,18 +154,43 @@ class LLMEngine:
             prompt_ids = [int(t) for t in prompt]
         self._validate(prompt_ids, sampling_params)
         seed = getattr(sampling_params, "seed", None)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        seq = Sequence(request_id, prompt_ids, sampling_params, self.config.block_size,
-                       prompt=text, arrival_time=arrival_time, max_len=self.config.max_sequence_len,
-                       cache_salt=cache_salt, generator=generator)
-        seq.stop_checker = StopChecker(sampling_params, self.eos_token_ids, self.config.max_sequence_len)
-        self.requests[request_id] = seq
+        if arrival_time is None:
+            arrival_time = time.perf_counter()
+        children = []
+        for i in range(n):
+            sid = request_id if n == 1 else f"{request_id}#{i}"
+            generator = torch.Generator().manual_seed(seed + i) if seed is not None else None
+            seq = Sequence(sid, prompt_ids, sampling_params, self.config.block_size,
+                           prompt=text, arrival_time=arrival_time, max_len=self.config.max_sequence_len,
+                           cache_salt=cache_salt, generator=generator)
+            seq.stop_checker = StopChecker(sampling_params, self.eos_token_ids, self.config.max_sequence_len)
+            if n > 1:
+                seq.parent_id, seq.index = request_id, i
+            self.requests[sid] = seq
+            if self.tokenizer is not None:
+                self._detok[sid] = IncrementalDetokenizer(self.tokenizer)
+            children.append(seq)
         if callback is not None:
             self._callbacks[request_id] = callback
-        if self.tokenizer is not None:
-            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer)
-        self.scheduler.add(seq)
-        return seq
+        self.scheduler.add(children[0])
+        if n > 1:
+            self._groups[request_id] = children
+            if self.config.enable_prefix_caching:  # the rest follow once the prompt is cached
+                self._deferred[request_id] = children[1:]
+            else:
+                for seq in children[1:]:
+                    self.scheduler.add(seq)
+        return children[0]
+
+    def _release_deferred(self) -> None:
+        """Queue the children whose first sibling's prompt is now computed (and cached)."""
+        for pid, rest in list(self._deferred.items()):
+            first = self._groups[pid][0]
+            if first.is_finished or first.num_computed_tokens >= first.num_prompt_tokens:
+                del self._deferred[pid]
+                for seq in rest:
+                    if not seq.is_finished:
+                        self.scheduler.add(seq)
 
     def _validate(self, prompt_ids: list[int], sp) -> None:
         cfg = self.config
@@ -174,30 +217,40 @@ class LLMEngine:
                              "use stop_token_ids or give the engine a tokenizer")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now (client went away); its blocks are freed at once."""
-        seq = self.requests.get(request_id)
-        if seq is None or seq.is_finished:
+        """Stop a request now (client went away); its blocks are freed at once.
+        (For ``n > 1``: every unfinished completion of it.)"""
+        group = self._groups.get(request_id)
+        live = ([s for s in group if not s.is_finished] if group is not None
+                else [s for s in [self.requests.get(request_id)] if s is not None and not s.is_finished])
+        if not live:
             return None
-        self.scheduler.finish(seq, "abort")
-        out = self._output(seq)
+        for seq in live:
+            self.scheduler.finish(seq, "abort")
+        self._deferred.pop(request_id, None)
+        out = self._output(live[-1])
         if self._step_outputs is not None:
             # called during a step (from a streaming callback): the step reports it too,
             # so whoever drives step() sees every request finish exactly once
             self._step_outputs.append(out)
-        self._release(seq, out)
+        for seq in live[:-1]:
+            self._forget(seq)
+        self._release(live[-1], out)
         return out
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._deferred)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.waiting) + len(self.scheduler.running)
+        return (len(self.scheduler.waiting) + len(self.scheduler.running)
+                + sum(len(r) for r in self._deferred.values()))
 
     # -- the step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Plan, run, sample, check stops. Returns an output per request that
         got a token or finished in this step."""
         t0 = time.perf_counter()
+        if self._deferred:
+            self._release_deferred()
         spec = self.spec_decoder
         drafts = spec.propose(self.scheduler.running, self.sampler.generator) if spec else {}
         plan = self.scheduler.schedule()
@@ -252,6 +305,8 @@ class LLMEngine:
                     self.scheduler.truncate(seq, seq.num_tokens)
         finally:
             self._step_outputs = None
+        if self._deferred:  # prompts computed in this step: their siblings can queue now
+            self._release_deferred()
         self.num_steps += 1
         if self.keep_step_log:
             self.step_log.append(StepStats(
@@ -328,7 +383,8 @@ class LLMEngine:
         self.scheduler.finish(seq, "error")
         seq.error = message
         out = self._output(seq)
-        out.error = message
+        if seq.parent_id is None:  # one of n completions failing is that choice's finish reason
+            out.error = message
         self._release(seq, out)
         return out
 
@@ -368,7 +424,7 @@ class LLMEngine:
             self.scheduler.finish(seq, reason, stop_reason)
         if not emit and not seq.is_finished:
             return None
-        cb = self._callbacks.get(seq.request_id)
+        cb = self._callbacks.get(seq.parent_id or seq.request_id)
         out = self._output(seq, eager=cb is not None)
         if seq.is_finished:
             self._release(seq, out)
@@ -398,20 +454,42 @@ class LLMEngine:
         seq.emitted_token_count = n_out
         if not eager and not seq.is_finished:
             return LazyRequestOutput(seq, n_out, safe, delta_text, delta_ids)
-        completion = CompletionOutput(0, text[:safe] if not seq.is_finished else text,
-                                      seq.output_token_ids, seq.finish_reason, seq.stop_reason,
-                                      None if seq.logprobs is None else list(seq.logprobs),
-                                      None if seq.top_logprobs is None else list(seq.top_logprobs))
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             finished=seq.is_finished, metrics=seq.metrics,
-                             delta_text=delta_text, delta_token_ids=delta_ids)
+        completion = self._completion(seq, safe)
+        rid, finished, outputs = seq.request_id, seq.is_finished, [completion]
+        if seq.parent_id is not None:  # one of n: the parent finishes with its last child
+            group = self._groups[seq.parent_id]
+            rid, finished = seq.parent_id, all(s.is_finished for s in group)
+            if finished:
+                outputs = [completion if s is seq else self._completion(s, s.emitted_text_len)
+                           for s in group]
+        return RequestOutput(rid, seq.prompt, seq.prompt_token_ids, outputs,
+                             finished=finished, metrics=seq.metrics,
+                             delta_text=delta_text, delta_token_ids=delta_ids, index=seq.index)
 
-    def _release(self, seq: Sequence, out: RequestOutput) -> None:
+    @staticmethod
+    def _completion(seq: Sequence, safe: int) -> CompletionOutput:
+        text = seq.output_text
+        return CompletionOutput(seq.index, text[:safe] if not seq.is_finished else text,
+                                seq.output_token_ids, seq.finish_reason, seq.stop_reason,
+                                None if seq.logprobs is None else list(seq.logprobs),
+                                None if seq.top_logprobs is None else list(seq.top_logprobs))
+
+    def _forget(self, seq: Sequence) -> None:
+        """Drop a finished sequence's engine-side state (its blocks are already free)."""
         if self.spec_decoder is not None:
             self.spec_decoder.release(seq.request_id)
-        cb = self._callbacks.pop(seq.request_id, None)
         self._detok.pop(seq.request_id, None)
         self.requests.pop(seq.request_id, None)
+
+    def _release(self, seq: Sequence, out: RequestOutput) -> None:
+        self._forget(seq)
+        rid = out.request_id
+        if out.finished:
+            self._groups.pop(rid, None)
+            self._deferred.pop(rid, None)
+            cb = self._callbacks.pop(rid, None)
+        else:  # one of n completions ended; its siblings go on
+            cb = self._callbacks.get(rid)
         if cb is not None:
             try:
                 cb(out)

@@ -90,6 +90,8 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
         self.error: str | None = None  # why it ended, when finish_reason == "error"
+        self.parent_id: str | None = None  # n > 1: the request this is one completion of
+        self.index = 0                     # ... and which one
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.perf_counter())
         # detokenization / streaming state
         self.output_text = ""
@@ -146,6 +148,8 @@ class RequestOutput:
 
     ``outputs[0]`` holds the full text and token ids; ``delta_text`` and
     ``delta_token_ids`` are the part new since the previous report (streaming).
+    With ``n > 1`` a running report carries the one completion ``index`` it is
+    about, and the finished report all n (``outputs[i].index == i``).
     ``error`` is set, with ``finish_reason == "error"``, for a rejected request.
     """
 
@@ -158,6 +162,7 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    index: int = 0  # n > 1: which completion the delta (and metrics) belong to
 
     # shortcuts for the single-output case
     @property
@@ -187,7 +192,8 @@ class LazyRequestOutput(RequestOutput):
 
     def __init__(self, seq: "Sequence", num_output_tokens: int, text_len: int, delta_text: str,
                  delta_token_ids: list[int]):
-        self.request_id = seq.request_id
+        self.request_id = seq.parent_id or seq.request_id
+        self.index = seq.index
         self.prompt = seq.prompt
         self.prompt_token_ids = seq.prompt_token_ids
         self.finished = False
@@ -204,7 +210,7 @@ class LazyRequestOutput(RequestOutput):
             seq, n, text_len = self._source
             p = seq.num_prompt_tokens
             self._outputs = [CompletionOutput(
-                0, seq.output_text[:text_len], seq.token_ids[p:p + n], None, None,
+                seq.index, seq.output_text[:text_len], seq.token_ids[p:p + n], None, None,
                 None if seq.logprobs is None else seq.logprobs[:n],
                 None if seq.top_logprobs is None else seq.top_logprobs[:n])]
         return self._outputs
