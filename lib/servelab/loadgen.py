@@ -15,8 +15,8 @@ token's arrival on the client:
 It speaks plain HTTP (server-sent events), so it measures vLLM, SGLang or a
 hosted API as readily as ``servelab.server``. Prompt and output lengths come
 from distributions (``fixed:128``, ``uniform:16:256``, ``lognormal:128:0.8``,
-``exponential:96``) or are replayed from a JSONL trace. Pure Python plus httpx;
-no torch.
+``exponential:96``) or are replayed from a JSONL trace. Pure Python (its own
+lean HTTP/1.1 streaming client, or httpx); no torch.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["SSEDecoder", "RequestSpec", "RequestRecord", "parse_length_dist", "synthetic_requests",
+__all__ = ["SSEDecoder", "RawHTTPClient", "RequestSpec", "RequestRecord", "parse_length_dist", "synthetic_requests",
            "load_trace", "arrival_times", "token_latencies", "summarize", "percentiles", "run_load",
            "plot_results", "main", "PERCENTILES"]
 
@@ -53,8 +53,14 @@ class SSEDecoder:
         self._buf = ""
         self._data: list[str] = []
         self._bytes = b""
+        self._raw = b""  # the fast path's partial line (bytes)
 
     def feed(self, chunk: bytes | str) -> list[str]:
+        if isinstance(chunk, bytes) and not self._buf and not self._bytes and b"\r" not in chunk:
+            return self._feed_lf(chunk)
+        if self._raw:  # leaving the fast path: its partial line goes first
+            chunk = self._raw + (chunk if isinstance(chunk, bytes) else chunk.encode())
+            self._raw = b""
         if isinstance(chunk, bytes):
             raw = self._bytes + chunk
             try:
@@ -90,6 +96,23 @@ class SSEDecoder:
                     value = value[1:]
                 if name == "data":
                     self._data.append(value)
+        return events
+
+    def _feed_lf(self, chunk: bytes) -> list[str]:
+        """The common case, ``\n`` line ends: split bytes on newlines and decode only
+        complete ``data`` values (a UTF-8 character can never straddle a newline)."""
+        lines = (self._raw + chunk).split(b"\n")
+        self._raw = lines.pop()
+        events, data = [], self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append("\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                data.append(value.decode("utf-8"))
+            # comments (":...") and other fields are skipped
         return events
 
 
@@ -296,8 +319,135 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *, slo_ttft_s
 
 
 # ---------------------------------------------------------------- the client
+class _RawResponse:
+    """A streamed HTTP/1.1 response read off an asyncio stream (chunked or sized body)."""
+
+    def __init__(self, reader, status: int, headers: dict):
+        self.reader, self.status_code, self.headers = reader, status, headers
+        self.reusable = headers.get("connection", "").lower() != "close"
+        self.complete = False  # the whole body was read: the connection may serve another request
+
+    async def aiter_raw(self):
+        r = self.reader
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            while True:
+                size = int((await r.readline()).split(b";", 1)[0], 16)
+                if size == 0:
+                    while (await r.readline()) not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    self.complete = True
+                    return
+                data = await r.readexactly(size + 2)
+                yield data[:-2]
+        elif "content-length" in self.headers:
+            left = int(self.headers["content-length"])
+            while left > 0:
+                data = await r.read(min(left, 1 << 16))
+                if not data:
+                    raise ConnectionError("the server closed the connection mid-body")
+                left -= len(data)
+                if left <= 0:
+                    self.complete = True
+                yield data
+            self.complete = True
+        else:  # the body runs to the end of the connection
+            self.reusable = False
+            while data := await r.read(1 << 16):
+                yield data
+
+    async def aread(self) -> bytes:
+        return b"".join([part async for part in self.aiter_raw()])
+
+
+class RawHTTPClient:
+    """A minimal HTTP/1.1 client on asyncio streams, for streaming POSTs.
+
+    A load generator competes with the server for the same CPU, so what it
+    spends per streamed token matters: this client parses the status line,
+    the headers and chunked framing itself (about a tenth of a general client's
+    work per chunk, see ``benchmarks/results/server.md``), and keeps idle
+    connections for reuse. It speaks plain HTTP/1.1 (``http://`` or
+    ``https://``) to any server; :func:`run_load` takes ``client="httpx"`` for
+    the general client instead.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0):
+        from urllib.parse import urlsplit
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https"):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        self.host, self.tls = u.hostname or "127.0.0.1", u.scheme == "https"
+        self.port = u.port or (443 if self.tls else 80)
+        self.prefix = u.path.rstrip("/")
+        self.timeout_s = timeout_s
+        self._idle: list = []
+
+    async def _connect(self):
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        return await asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None,
+                                             limit=1 << 20)
+
+    def stream(self, method: str, path: str, json_body) -> "_RawStream":
+        return _RawStream(self, method, path, json_body)
+
+    async def aclose(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+class _RawStream:
+    def __init__(self, client: RawHTTPClient, method: str, path: str, json_body):
+        self.client, self.method, self.path, self.body = client, method, path, json_body
+        self.conn = None
+        self.response = None
+
+    async def __aenter__(self) -> _RawResponse:
+        c = self.client
+        payload = json.dumps(self.body, separators=(",", ":")).encode()
+        head = (f"{self.method} {c.prefix}{self.path} HTTP/1.1\r\nHost: {c.host}:{c.port}\r\n"
+                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n").encode()
+        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: retry once
+            reader, writer = self.conn = await c._connect()
+            try:
+                writer.write(head + payload)
+                status_line = await asyncio.wait_for(reader.readline(), c.timeout_s)
+                if not status_line:
+                    raise ConnectionError("the server closed the connection")
+                break
+            except (ConnectionError, OSError):
+                writer.close()
+                if attempt:
+                    raise
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ConnectionError(f"not an HTTP response: {status_line[:80]!r}")
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.response = _RawResponse(reader, int(parts[1]), headers)
+        return self.response
+
+    async def __aexit__(self, exc_type, exc, tb):
+        reader, writer = self.conn
+        r = self.response
+        if exc_type is None and r is not None and r.reusable and r.complete and not reader.at_eof():
+            self.client._idle.append((reader, writer))
+        else:
+            writer.close()
+        return False
+
+
 async def _one(client, url: str, model: str, spec: RequestSpec, index: int, *, chat: bool,
                ignore_eos: bool, temperature: float, extra: dict | None) -> RequestRecord:
+    """Send one streamed request; ``client`` is a :class:`RawHTTPClient` (``url`` is then
+    the path) or an ``httpx.AsyncClient`` (``url`` absolute)."""
     if chat:
         if not isinstance(spec.prompt, str):
             raise ValueError("the chat endpoint needs text prompts (use completions for token ids)")
@@ -313,7 +463,9 @@ async def _one(client, url: str, model: str, spec: RequestSpec, index: int, *, c
     dec = SSEDecoder()
     pieces = []
     try:
-        async with client.stream("POST", url, json=body) as r:
+        stream = (client.stream("POST", url, body) if isinstance(client, RawHTTPClient)
+                  else client.stream("POST", url, json=body))
+        async with stream as r:
             rec.status = r.status_code
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
@@ -357,16 +509,17 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
                    ignore_eos: bool = True, temperature: float = 0.0, seed: int = 0,
                    timeout_s: float = 600.0, progress: bool = True, extra_body: dict | None = None,
                    slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
-                   slo_e2e_s: float | None = None) -> dict:
+                   slo_e2e_s: float | None = None, client: str = "raw") -> dict:
     """Send ``requests`` to ``base_url`` and measure them (see the module docstring).
 
     Arrivals follow the trace's timestamps if every request has one, else
     :func:`arrival_times` at ``rate`` with ``burstiness``; ``max_concurrency``
     caps requests in flight (with ``rate=inf`` that is a closed loop of that
-    many clients).
+    many clients). ``client``: ``"raw"`` (:class:`RawHTTPClient`, cheap per
+    token) or ``"httpx"``.
     """
-    import httpx
-
+    if client not in ("raw", "httpx"):
+        raise ValueError(f"client must be 'raw' or 'httpx', got {client!r}")
     n = len(requests)
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
@@ -374,16 +527,22 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
         times = [r.arrival_s for r in requests]
     else:
         times = arrival_times(n, rate, burstiness, seed)
-    url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    url = base_url.rstrip("/") + path
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=n, desc="requests", leave=False)
     cap = max_concurrency or n or 1
-    limits = httpx.Limits(max_connections=cap + 8, max_keepalive_connections=cap + 8)
+    if client == "raw":
+        http, target = RawHTTPClient(base_url, timeout_s), path
+    else:
+        import httpx
+        limits = httpx.Limits(max_connections=cap + 8, max_keepalive_connections=cap + 8)
+        http, target = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits), url
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+    try:
         start = time.perf_counter()
 
         async def task(i):
@@ -392,10 +551,10 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
                 await asyncio.sleep(delay)
             if sem is not None:
                 async with sem:
-                    rec = await _one(client, url, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                    rec = await _one(http, target, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
                                      temperature=temperature, extra=extra_body)
             else:
-                rec = await _one(client, url, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                rec = await _one(http, target, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
                                  temperature=temperature, extra=extra_body)
             if bar is not None:
                 bar.update(1)
@@ -403,6 +562,8 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
 
         records = await asyncio.gather(*(task(i) for i in range(n)))
         duration = time.perf_counter() - start
+    finally:
+        await http.aclose()
     if bar is not None:
         bar.close()
     summary = summarize(records, max(duration, 1e-9), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
@@ -461,6 +622,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the JSON results here")
     p.add_argument("--plot", default=None, help="write a timeline plot (PNG) here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="HTTP client: raw (lean, asyncio streams) or httpx")
     return p
 
 
@@ -488,7 +651,7 @@ def main(argv=None) -> int:
                                    chat=a.endpoint == "chat", ignore_eos=not a.no_ignore_eos,
                                    temperature=a.temperature, seed=a.seed, progress=not a.no_progress,
                                    slo_ttft_s=ms(a.slo_ttft_ms), slo_tpot_s=ms(a.slo_tpot_ms),
-                                   slo_e2e_s=ms(a.slo_e2e_ms)))
+                                   slo_e2e_s=ms(a.slo_e2e_ms), client=a.client))
     print(_fmt(summary))
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1, default=float))

@@ -225,62 +225,94 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         def submit():
             req_t["submitted"] = time.perf_counter()
             loop_.submit(req.request_id, req.prompt_token_ids, req.sampling_params, sink,
-                         arrival_time=received)
+                         arrival_time=received, n=req.n)
 
         if req.stream:
             return StreamingResponse(_stream(req, q, submit, req_t), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _complete(request, req, q, submit, req_t)
 
-    def _usage(req, out) -> dict:
-        cached = out.metrics.num_cached_tokens if out.metrics is not None else 0
-        return protocol.usage(len(req.prompt_token_ids), len(out.token_ids), cached)
+    def _usage(req, out, cached: int | None = None) -> dict:
+        if cached is None:
+            cached = out.metrics.num_cached_tokens if out.metrics is not None else 0
+        done = sum(len(c.token_ids) for c in out.outputs)  # n > 1: every completion; the prompt once
+        return protocol.usage(len(req.prompt_token_ids), done, cached)
 
-    def _lp(req, out, start: int, end: int, offset0: int = 0):
-        c = out.outputs[0]
+    def _lp(req, c, start: int, end: int, offset0: int = 0):
         if req.logprobs is None or c.logprobs is None:
             return None
         tops = c.top_logprobs[start:end] if c.top_logprobs is not None else None
         return protocol.logprobs_payload(req, tokenizer, c.token_ids[start:end], c.logprobs[start:end],
                                          tops, offset0)
 
+    def _choice(out):
+        """The completion an event is about (``out.index``; the only one unless n > 1)."""
+        outs = out.outputs
+        if len(outs) == 1:
+            return outs[0]
+        return next(c for c in outs if c.index == getattr(out, "index", 0))
+
+    def _latest(q, ev: Event) -> list:
+        """This event and every one already queued behind it, keeping only the newest per
+        completion (reports are cumulative) and stopping at an error."""
+        if q.empty() or ev.kind == "error":
+            return [ev]
+        latest = {getattr(ev.output, "index", 0): ev}
+        while not q.empty():
+            nxt = q.get_nowait()
+            if nxt.kind == "error":
+                return [*latest.values(), nxt]
+            key = getattr(nxt.output, "index", 0)
+            latest.pop(key, None)  # re-insert: order follows the newest report
+            latest[key] = nxt
+        return list(latest.values())
+
     async def _stream(req, q, submit, req_t):
         submit()
         done = False
-        sent_tokens = 0
-        sent_chars = 0
-        first = True
+        n = req.n
+        sent_tokens, sent_chars = [0] * n, [0] * n
+        first, ended = [True] * n, [False] * n
+        cached = {}
         try:
             while True:
-                ev: Event = await q.get()
-                while not q.empty() and ev.kind != "error":  # the client fell behind: one chunk
-                    ev = q.get_nowait()                     # for everything new (outputs are cumulative)
-                if ev.kind == "error":
-                    done = True
-                    metrics.record_rejected(ev.status)
-                    yield sse(error_body(ev.message, ev.status, code=ev.code))
-                    yield sse("[DONE]")
-                    return
-                out = ev.output
-                n_tok = len(out.token_ids)
-                lp = _lp(req, out, sent_tokens, n_tok, sent_chars)
-                finish = out.finish_reason if out.finished else None
-                delta = out.text[sent_chars:]
-                if delta or first or finish or lp:
-                    yield sse(protocol.chunk(req, delta, finish, lp, first=first,
-                                             stop_reason=out.outputs[0].stop_reason if finish else None))
-                    first = False
-                sent_tokens = n_tok
-                sent_chars += len(delta)
-                if out.finished:
-                    done = True
-                    if req.include_usage or req.return_timings:
-                        extra = protocol.usage_chunk(req, _usage(req, out))
-                        if req.return_timings:
-                            extra["servelab_timings"] = _timings(req_t, out)
-                        yield sse(extra)
-                    yield sse("[DONE]")
-                    return
+                for ev in _latest(q, await q.get()):
+                    if ev.kind == "error":
+                        done = True
+                        metrics.record_rejected(ev.status)
+                        yield sse(error_body(ev.message, ev.status, code=ev.code))
+                        yield sse("[DONE]")
+                        return
+                    out = ev.output
+                    idx = getattr(out, "index", 0)
+                    if out.metrics is not None and idx not in cached:
+                        cached[idx] = out.metrics.num_cached_tokens
+                    # a running report is about one completion; the final one holds them all
+                    for c in (out.outputs if out.finished and n > 1 else [_choice(out)]):
+                        i = c.index
+                        if ended[i]:
+                            continue
+                        n_tok = len(c.token_ids)
+                        lp = _lp(req, c, sent_tokens[i], n_tok, sent_chars[i])
+                        finish = c.finish_reason if (out.finished or c.finish_reason) else None
+                        delta = c.text[sent_chars[i]:]
+                        if delta or first[i] or finish or lp:
+                            yield sse(protocol.chunk(req, delta, finish, lp, first=first[i],
+                                                     stop_reason=c.stop_reason if finish else None,
+                                                     index=i))
+                            first[i] = False
+                        sent_tokens[i] = n_tok
+                        sent_chars[i] += len(delta)
+                        ended[i] = finish is not None
+                    if out.finished:
+                        done = True
+                        if req.include_usage or req.return_timings:
+                            extra = protocol.usage_chunk(req, _usage(req, out, cached.get(0)))
+                            if req.return_timings:
+                                extra["servelab_timings"] = _timings(req_t, out)
+                            yield sse(extra)
+                        yield sse("[DONE]")
+                        return
         finally:
             if not done:  # the client went away (or the app is shutting down)
                 loop_.abort(req.request_id)
@@ -290,6 +322,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         done = False
         poll = settings.nondisconnect_poll_s
         checked = time.monotonic()
+        cached = {}
         try:
             while True:
                 try:
@@ -306,11 +339,15 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     done = True
                     raise APIError(ev.status, ev.message, code=ev.code)
                 out = ev.output
+                idx = getattr(out, "index", 0)
+                if out.metrics is not None and idx not in cached:
+                    cached[idx] = out.metrics.num_cached_tokens
                 if out.finished:
                     done = True
-                    body = protocol.response(req, out.text, out.finish_reason, _usage(req, out),
-                                             _lp(req, out, 0, len(out.token_ids)),
-                                             stop_reason=out.outputs[0].stop_reason)
+                    choices = [protocol.choice(req, c.text, c.finish_reason, _lp(req, c, 0, len(c.token_ids)),
+                                               c.stop_reason, c.index) for c in out.outputs]
+                    body = protocol.response(req, None, None, _usage(req, out, cached.get(0)),
+                                             choices=choices)
                     if req.return_timings:
                         body["servelab_timings"] = _timings(req_t, out)
                     return JSONResponse(body)

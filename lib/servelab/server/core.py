@@ -42,6 +42,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from servelab.engine.sequence import LazyRequestOutput
 from servelab.server.engine_loop import AbortRecord, EngineLoop, Event
 
 __all__ = ["EngineCoreClient", "EngineCore", "RemoteOutput", "core_main"]
@@ -85,7 +86,7 @@ class EngineCore(EngineLoop):
         self._buf = bytearray()
         self._outbox: list = []
         self._aborts: list = []
-        self._sent: dict[str, list[int]] = {}  # request id -> [tokens sent, logprobs sent]
+        self._sent: dict[tuple, list] = {}  # (request id, completion index) -> [tokens sent, first sent]
         self._eof = False
 
     # -- the socket ----------------------------------------------------------
@@ -108,57 +109,54 @@ class EngineCore(EngineLoop):
         self.sock.sendall(_frame(obj))
 
     # -- sinks: events become entries of the step message ------------------------
-    def _sink(self, rid: str):
+    def _sink(self, rid: str, wants_logprobs: bool):
         def sink(event: Event) -> None:
             if event.kind == "error":
-                self._sent.pop(rid, None)
                 self._outbox.append((rid, "E", event.status, event.message, event.code))
                 return
             out = event.output
-            sent = self._sent.setdefault(rid, [0, 0, False])  # tokens, logprobs sent; first sent
+            idx = getattr(out, "index", 0)
+            key = (rid, idx)
+            sent = self._sent.setdefault(key, [0, False])  # tokens sent; first sent
             delta_ids = list(out.delta_token_ids)
             m = out.metrics
             times = m.token_times[len(m.token_times) - len(delta_ids):] if delta_ids else []
+            # a running report is lazy (nothing built); a finished completion's is eager
+            c = None
+            if wants_logprobs or not isinstance(out, LazyRequestOutput):
+                c = out.outputs[0] if len(out.outputs) == 1 else out.outputs[idx]
             lp = top = None
-            if delta_ids:
-                seq = self.engine.requests.get(rid)
-                source = None
-                if seq is not None and seq.logprobs is not None:
-                    source = (seq.logprobs, seq.top_logprobs)
-                elif seq is None and out.outputs[0].logprobs is not None:  # finished: eager output
-                    source = (out.outputs[0].logprobs, out.outputs[0].top_logprobs)
-                if source is not None:
-                    n = sent[0] + len(delta_ids)
-                    lp = source[0][sent[1]:n]
-                    top = None if source[1] is None else source[1][sent[1]:n]
-                    sent[1] = n
+            if wants_logprobs and delta_ids and c.logprobs is not None:
+                lp = c.logprobs[sent[0]:sent[0] + len(delta_ids)]
+                top = None if c.top_logprobs is None else c.top_logprobs[sent[0]:sent[0] + len(delta_ids)]
             sent[0] += len(delta_ids)
             first = None
-            if delta_ids and not sent[2]:
-                sent[2] = True
+            if delta_ids and not sent[1]:
+                sent[1] = True
                 first = (m.first_scheduled_time, m.num_cached_tokens)
             fin = None
-            if out.finished:
-                self._sent.pop(rid, None)
-                c = out.outputs[0]
+            if c is not None and c.finish_reason is not None:
+                self._sent.pop(key, None)
                 fin = (c.finish_reason, c.stop_reason, m.finished_time, m.num_preemptions)
-            self._outbox.append((rid, "O", out.delta_text, delta_ids, times, lp, top, first, fin))
+            self._outbox.append((rid, "O", idx, out.delta_text, delta_ids, times, lp, top, first, fin,
+                                 out.finished))
         return sink
 
     # -- the loop ------------------------------------------------------------------
     def _on_message(self, msg) -> None:
         kind = msg[0]
         if kind == "add":
-            _, rid, ids, sp, arrival = msg
+            _, rid, ids, sp, arrival, n = msg
             self._in_flight += 1
-            self._handle(("add", rid, ids, sp, self._sink(rid), arrival))
+            self._handle(("add", rid, ids, sp, self._sink(rid, sp.logprobs is not None), arrival, n))
         elif kind == "abort":
             _, rid, step_seen = msg
-            n = len(self.abort_log)
+            k = len(self.abort_log)
             self._handle(("abort", rid, step_seen))
-            for rec in self.abort_log[n:]:
+            for rec in self.abort_log[k:]:
                 self._aborts.append((rec.request_id, rec.step_requested, self.steps, rec.freed))
-            self._sent.pop(rid, None)
+            for key in [key for key in self._sent if key[0] == rid]:
+                del self._sent[key]
             self.abort_log.clear()  # the API side keeps the log
         elif kind == "stop":
             self._draining.set()
@@ -261,50 +259,67 @@ class _CoreMetrics:
         return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
-class _Req:
-    __slots__ = ("sink", "prompt_token_ids", "metrics", "text", "token_ids", "logprobs",
-                 "top_logprobs", "finished")
+class _Completion:
+    """The API side's copy of one completion: text, ids, logprobs, times, finish."""
 
-    def __init__(self, sink, prompt_token_ids, arrival):
-        self.sink = sink
-        self.prompt_token_ids = prompt_token_ids
+    __slots__ = ("metrics", "text", "token_ids", "logprobs", "top_logprobs", "finish")
+
+    def __init__(self, arrival):
         self.metrics = _CoreMetrics(arrival)
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs = None
         self.top_logprobs = None
-        self.finished = False
+        self.finish = None  # (finish_reason, stop_reason) once it ended
+
+    def output(self, index: int, n_tokens: int | None = None, text: str | None = None):
+        from servelab.engine.sequence import CompletionOutput
+        n = len(self.token_ids) if n_tokens is None else n_tokens
+        fr, sr = self.finish or (None, None)
+        return CompletionOutput(index, self.text if text is None else text, self.token_ids[:n], fr, sr,
+                                None if self.logprobs is None else self.logprobs[:n],
+                                None if self.top_logprobs is None else self.top_logprobs[:n])
+
+
+class _Req:
+    __slots__ = ("sink", "prompt_token_ids", "completions")
+
+    def __init__(self, sink, prompt_token_ids, arrival, n):
+        self.sink = sink
+        self.prompt_token_ids = prompt_token_ids
+        self.completions = [_Completion(arrival) for _ in range(n)]
 
 
 class RemoteOutput:
     """What the app reads from a request's event: the :class:`RequestOutput` shape,
-    rebuilt from the core's deltas (``outputs`` are made only when read)."""
+    rebuilt from the core's deltas (``outputs`` are made only when read). A running
+    report is about completion ``index``; the finished one holds all of them."""
 
     __slots__ = ("request_id", "prompt", "prompt_token_ids", "finished", "metrics", "delta_text",
-                 "delta_token_ids", "error", "_req", "_n", "_text", "_finish", "_outputs")
+                 "delta_token_ids", "error", "index", "_req", "_n", "_text", "_outputs")
 
-    def __init__(self, rid, req: _Req, delta_text, delta_ids, finish):
+    def __init__(self, rid, req: _Req, index: int, delta_text, delta_ids, finished: bool):
+        comp = req.completions[index]
         self.request_id, self.prompt, self.prompt_token_ids = rid, None, req.prompt_token_ids
-        self.finished = finish is not None
-        self.metrics = req.metrics
+        self.finished, self.index = finished, index
+        self.metrics = comp.metrics
         self.delta_text, self.delta_token_ids, self.error = delta_text, delta_ids, None
-        self._req, self._n, self._text, self._finish = req, len(req.token_ids), req.text, finish
+        self._req, self._n, self._text = req, len(comp.token_ids), comp.text
         self._outputs = None
 
     @property
     def outputs(self):
         if self._outputs is None:
-            from servelab.engine.sequence import CompletionOutput
-            r, n = self._req, self._n
-            fr, sr = (self._finish or (None, None))[:2]
-            self._outputs = [CompletionOutput(0, self._text, r.token_ids[:n], fr, sr,
-                                              None if r.logprobs is None else r.logprobs[:n],
-                                              None if r.top_logprobs is None else r.top_logprobs[:n])]
+            comps = self._req.completions
+            if self.finished and len(comps) > 1:
+                self._outputs = [c.output(i) for i, c in enumerate(comps)]
+            else:
+                self._outputs = [comps[self.index].output(self.index, self._n, self._text)]
         return self._outputs
 
     @property
     def text(self) -> str:
-        return self._text
+        return self.outputs[0].text
 
     @property
     def token_ids(self):
@@ -312,7 +327,7 @@ class RemoteOutput:
 
     @property
     def finish_reason(self):
-        return None if self._finish is None else self._finish[0]
+        return self.outputs[0].finish_reason
 
 
 class EngineCoreClient:
@@ -400,13 +415,14 @@ class EngineCoreClient:
                 "engine_pid": self.proc.pid}
 
     # -- requests ------------------------------------------------------------------
-    def submit(self, request_id, prompt_token_ids, sampling_params, sink, arrival_time=None) -> None:
+    def submit(self, request_id, prompt_token_ids, sampling_params, sink, arrival_time=None,
+               n: int = 1) -> None:
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
         if not self.alive:
             sink(Event("error", status=503, message="the engine core is not running", code="engine_down"))
             return
-        self._reqs[request_id] = _Req(sink, prompt_token_ids, arrival)
-        self._transport.write(_frame(("add", request_id, prompt_token_ids, sampling_params, arrival)))
+        self._reqs[request_id] = _Req(sink, prompt_token_ids, arrival, n)
+        self._transport.write(_frame(("add", request_id, prompt_token_ids, sampling_params, arrival, n)))
 
     def abort(self, request_id: str) -> None:
         if self._transport is not None and request_id in self._reqs and self.alive:
@@ -517,12 +533,14 @@ class EngineCoreClient:
             self._reqs.pop(rid, None)
             self._deliver(r, Event("error", status=e[2], message=e[3], code=e[4]))
             return
-        _, _, delta_text, delta_ids, times, lp, top, first, fin = e
-        m = r.metrics
+        _, _, idx, delta_text, delta_ids, times, lp, top, first, fin, done = e
+        comp = r.completions[idx]
+        m = comp.metrics
         if first is not None:
             m.first_scheduled_time, m.num_cached_tokens = first
             m.first_token_time = times[0] if times else None
-            if metrics is not None and times:
+            if metrics is not None and times and all(
+                    c.metrics.first_token_time is None for c in r.completions if c is not comp):
                 metrics.record_first_token(times[0] - m.arrival_time, len(r.prompt_token_ids),
                                            m.num_cached_tokens)
         if times:
@@ -530,22 +548,21 @@ class EngineCoreClient:
                 prev = m.token_times[-1:] + times
                 metrics.record_tokens(len(times), [b - a for a, b in zip(prev, prev[1:])])
             m.token_times += times
-        r.token_ids += delta_ids
-        r.text += delta_text
+        comp.token_ids += delta_ids
+        comp.text += delta_text
         if lp is not None:
-            r.logprobs = (r.logprobs or []) + lp
+            comp.logprobs = (comp.logprobs or []) + lp
             if top is not None:
-                r.top_logprobs = (r.top_logprobs or []) + top
+                comp.top_logprobs = (comp.top_logprobs or []) + top
         if fin is not None:
-            self._reqs.pop(rid, None)
+            comp.finish = fin[:2]
             m.finished_time, m.num_preemptions = fin[2], fin[3]
+        if done:
+            self._reqs.pop(rid, None)
             if metrics is not None:
-                metrics.record_finished(fin[0] or "unknown", len(r.prompt_token_ids), m.e2e)
-            if fin[0] == "error":
-                self._deliver(r, Event("error", status=400, message="the request failed",
-                                       code="request_failed"))
-                return
-        self._deliver(r, Event("output", output=RemoteOutput(rid, r, delta_text, delta_ids, fin)))
+                metrics.record_finished((fin or ("unknown",))[0] or "unknown", len(r.prompt_token_ids),
+                                        m.e2e)
+        self._deliver(r, Event("output", output=RemoteOutput(rid, r, idx, delta_text, delta_ids, done)))
 
 
 if __name__ == "__main__":

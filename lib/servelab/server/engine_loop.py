@@ -46,7 +46,7 @@ class AbortRecord:
 class _Tracked:
     sink: Callable[[Event], object]
     prompt_tokens: int
-    itl_seen: int = 0
+    itl_seen: dict = field(default_factory=dict)  # completion index -> token times counted
     first_seen: bool = False
     meta: dict = field(default_factory=dict)
 
@@ -82,12 +82,13 @@ class EngineLoop:
         return self._draining.is_set()
 
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling_params,
-               sink: Callable[[Event], object], arrival_time: float | None = None) -> None:
-        """Queue a request; its events go to ``sink`` (called from the engine thread)."""
+               sink: Callable[[Event], object], arrival_time: float | None = None, n: int = 1) -> None:
+        """Queue a request (``n`` completions); its events go to ``sink`` (called from the
+        engine thread)."""
         with self._lock:
             self._in_flight += 1
         self._inbox.put(("add", request_id, prompt_token_ids, sampling_params, sink,
-                         arrival_time if arrival_time is not None else time.perf_counter()))
+                         arrival_time if arrival_time is not None else time.perf_counter(), n))
 
     def abort(self, request_id: str) -> None:
         """The client went away: free the request before the next step."""
@@ -157,7 +158,7 @@ class EngineLoop:
 
     def _handle(self, cmd) -> None:
         if cmd[0] == "add":
-            _, rid, ids, sp, sink, arrival = cmd
+            _, rid, ids, sp, sink, arrival, n = cmd
             t = _Tracked(sink, len(ids), meta={"queued": time.perf_counter()})
             self._tracked[rid] = t
             if self._stop.is_set():
@@ -166,7 +167,7 @@ class EngineLoop:
             try:
                 if self.check_sampling:
                     self._dry_run(sp)
-                self.engine.add_request(rid, ids, sp, arrival_time=arrival)
+                self.engine.add_request(rid, ids, sp, arrival_time=arrival, n=n)
             except (ValueError, TypeError) as exc:
                 self._fail(rid, 400, str(exc), "invalid_value")
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the loop
@@ -192,9 +193,10 @@ class EngineLoop:
                 t.first_seen = True
                 self.metrics.record_first_token(m.first_token_time - m.arrival_time, t.prompt_tokens,
                                                 m.num_cached_tokens)
-            gaps = [b - a for a, b in zip(times[max(t.itl_seen - 1, 0):], times[max(t.itl_seen, 1):])]
-            self.metrics.record_tokens(len(times) - t.itl_seen, gaps)
-            t.itl_seen = len(times)
+            seen = t.itl_seen.get(out.index, 0)
+            gaps = [b - a for a, b in zip(times[max(seen - 1, 0):], times[max(seen, 1):])]
+            self.metrics.record_tokens(len(times) - seen, gaps)
+            t.itl_seen[out.index] = len(times)
         if out.finished:
             t = self._finish(rid)
             if self.metrics is not None:
@@ -203,7 +205,7 @@ class EngineLoop:
                                              None if m is None else m.e2e)
             if t is None:
                 return
-            if out.finish_reason == "error":
+            if out.error is not None or (len(out.outputs) == 1 and out.finish_reason == "error"):
                 self._send(t, Event("error", status=400, message=out.error or "the request failed",
                                     code="request_failed"))
                 return

@@ -22,7 +22,7 @@ from typing import Any
 
 from servelab.server.errors import APIError, bad_request
 
-__all__ = ["Limits", "ParsedRequest", "parse_request", "encode_chat", "CHAT_ROLES",
+__all__ = ["Limits", "ParsedRequest", "parse_request", "encode_chat", "CHAT_ROLES", "MAX_N",
            "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "MAX_LOGPROBS_COMPLETIONS"]
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -32,6 +32,8 @@ MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 MAX_TEMPERATURE = 2.0
+#: Most completions one request may ask for (``n``); each is a sequence of its own.
+MAX_N = 16
 #: Fields OpenAI defines that this server does not implement: refused unless at their default.
 _UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "best_of": 1,
                 "echo": False, "suffix": None, "tools": None, "functions": None,
@@ -60,6 +62,7 @@ class ParsedRequest:
     logprobs: int | None = None      # alternatives per token to report (None: no logprobs)
     user: str | None = None
     return_timings: bool = False     # extension: server-side stage timestamps in the response
+    n: int = 1                       # completions of the prompt (choices[i].index = i)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -206,11 +209,7 @@ def parse_request(body: Any, kind: str, tokenizer, limits: Limits) -> ParsedRequ
         if v is not None and v != default and not (default is None and v in ({}, [])):
             raise bad_request(f"'{name}' is not supported by this server; leave it out "
                               f"(or at {default!r})", name, "unsupported_parameter")
-    n = _get_int(body, "n", 1, 1)
-    if n != 1:
-        raise bad_request(f"'n' = {n} is not supported: this server returns one choice per request. "
-                          "Send n requests instead (with prefix caching they reuse the prompt's "
-                          "cached blocks)", "n", "unsupported_parameter")
+    n = _get_int(body, "n", 1, 1, MAX_N)
 
     if kind == "chat":
         if "messages" not in body:
@@ -295,7 +294,7 @@ def parse_request(body: Any, kind: str, tokenizer, limits: Limits) -> ParsedRequ
     except ValueError as exc:  # defensive: the checks above should have caught it
         raise bad_request(str(exc)) from exc
     return ParsedRequest(kind, model, ids, sp, stream=stream, include_usage=include_usage,
-                         logprobs=logprobs, user=user, return_timings=timings)
+                         logprobs=logprobs, user=user, return_timings=timings, n=n)
 
 
 # ------------------------------------------------------------------ responses
@@ -332,18 +331,18 @@ def logprobs_payload(req: ParsedRequest, tokenizer, token_ids, lps, tops, text_o
 
 
 def chunk(req: ParsedRequest, text: str, finish_reason: str | None, logprobs=None,
-          first: bool = False, stop_reason=None) -> dict:
-    """One streamed chunk (``chat.completion.chunk`` or ``text_completion``)."""
+          first: bool = False, stop_reason=None, index: int = 0) -> dict:
+    """One streamed chunk (``chat.completion.chunk`` or ``text_completion``) of choice ``index``."""
     if req.kind == "chat":
         delta: dict = {}
         if first:
             delta["role"] = "assistant"
         if text or not first:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason  # vLLM's extension: the stop string or token id
@@ -357,15 +356,22 @@ def usage_chunk(req: ParsedRequest, use: dict) -> dict:
             "choices": [], "usage": use}
 
 
-def response(req: ParsedRequest, text: str, finish_reason: str, use: dict, logprobs=None,
-             stop_reason=None) -> dict:
-    """The whole (non-streamed) response. ``stop_reason`` (vLLM's extension) says which
-    stop string or stop token ended it; ``None`` with ``finish_reason="stop"`` = the end token."""
+def choice(req: ParsedRequest, text: str, finish_reason: str, logprobs=None, stop_reason=None,
+           index: int = 0) -> dict:
+    """One entry of a whole response's ``choices``."""
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                  "stop_reason": stop_reason}
+        return {"index": index, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def response(req: ParsedRequest, text: str, finish_reason: str, use: dict, logprobs=None,
+             stop_reason=None, choices: list | None = None) -> dict:
+    """The whole (non-streamed) response. ``stop_reason`` (vLLM's extension) says which
+    stop string or stop token ended it; ``None`` with ``finish_reason="stop"`` = the end token.
+    ``choices`` (built with :func:`choice`) replaces the single choice for ``n > 1``."""
+    if choices is None:
+        choices = [choice(req, text, finish_reason, logprobs, stop_reason)]
     return {"id": req.response_id, "object": req.object_name, "created": req.created,
-            "model": req.model, "choices": [choice], "usage": use}
+            "model": req.model, "choices": choices, "usage": use}
