@@ -87,8 +87,14 @@ def bench_pipeline(microbatches, pad):
 def to_markdown(res) -> str:
     m = res["machine"]
     lines = ["# servelab.parallel on this machine's processes (gloo over loopback)", "",
-             f"{m['cpu']}, {m['logical_cpus']} logical CPUs, load {m['load_average_1min']}, "
-             f"torch {m.get('torch')}, {m['date']}. Command: `{res['command']}`.", "",
+             f"{m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} (1 min, "
+             f"at the start; {res.get('load_at_end', '?')} at the end), Python {m.get('python')}, "
+             f"torch {m.get('torch')}, numpy {m.get('numpy')}, {m['date']}, git commit {res.get('git_commit', '?')}, "
+             f"one thread per process. Command: `{res['command']}` ({res.get('run_seconds', 0):.0f} s).", "",
+             "Every process is a real OS process talking over gloo on 127.0.0.1: the times are this machine's "
+             "loopback and cores, not a GPU fabric. With more processes than logical CPUs "
+             f"({m['logical_cpus']} here) the processes take turns on the cores, so those rows measure "
+             "oversubscription as much as splitting.", "",
              "## Collectives (two processes)", "",
              "| bytes | gloo all-reduce ms (fastest / median) | ring ms | all-to-all ms |", "|---|---|---|---|"]
     for r in res["collectives"]["rows"]:
@@ -112,6 +118,15 @@ def to_markdown(res) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _git_commit() -> str:
+    import subprocess
+    try:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short",
+                               "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, a few tokens: a smoke run")
@@ -131,6 +146,8 @@ def main(argv=None):
            "tensor": bench_tensor(tokens, worlds),
            "pipeline": bench_pipeline(mbs, pad)}
     res["run_seconds"] = time.perf_counter() - start
+    res["load_at_end"] = round(os.getloadavg()[0], 2)
+    res["git_commit"] = _git_commit()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "parallel.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (args.out / "parallel.md").write_text(to_markdown(res))

@@ -53,6 +53,16 @@ def test_cpu_clock_run_is_a_virtual_timeline(run):
     assert np.all(run.ttft >= run.durations.min() - 1e-12)
 
 
+def test_reference_work_tracks_the_machine():
+    r = cal.run_engine(TRACE.subset(slice(0, 4)), CFG, label="ref", warmup=1, probe=False, reference_every=2)
+    refs = r.info["reference_s"]
+    assert len(refs) == len(r.shapes) // 2 and all(x > 0 for x in refs)
+    assert cal.reference_drift(r) >= 1.0
+    model = cal.fit_step_model([r], features=("prefill_tokens", "decode_rows"), kind="linear")
+    assert model.meta["reference_s"] == pytest.approx(float(np.median(refs)))
+    assert cal.speed_factor(r, model) == pytest.approx(1.0)
+
+
 def test_wall_clock_still_runs():
     r = cal.run_engine(TRACE.subset(slice(0, 4)), CFG, label="wall", warmup=1, clock="wall", probe=False)
     assert r.info["clock"] == "wall" and np.all(r.ttft > 0) and len(r.durations) == len(r.shapes)

@@ -42,7 +42,7 @@ from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
+           "probe_trace", "rate_for_busy", "reference_work", "reference_drift", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
            "long_prompt_interference"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -111,7 +111,7 @@ CLOCKS = ("cpu", "wall")
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
-               clock: str = "cpu") -> EngineRun:
+               clock: str = "cpu", reference_every: int = 25) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
@@ -124,6 +124,11 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
 
     ``probe``: first time :func:`speed_probe` (the machine's speed right now,
     by the same clock), so a comparison can scale the step model to it.
+    ``reference_every``: on the CPU clock, every that many steps also time a
+    fixed piece of work (:func:`reference_work`: one row through every weight
+    matrix), off the virtual clock; ``info["reference_s"]`` lists those times,
+    so a run can show whether the machine's speed drifted while it ran
+    (neighbours sharing the core's caches slow even the CPU time). 0: never.
     """
     import gc
 
@@ -156,6 +161,8 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     engine.run_to_completion()
     prefault(llm)
     probe_s = speed_probe(llm, seed=seed, clock=clock) if probe else None
+    reference = reference_work(llm) if clock == "cpu" and reference_every else None
+    refs: list[float] = []
 
     shapes: list[StepShape] = []
     plans = []
@@ -199,6 +206,10 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     starts.append(vt)
                     ends.append(vt + dt)
                 vt += dt
+                if reference is not None and len(shapes) % reference_every == 0:
+                    c0 = time.thread_time()
+                    reference()
+                    refs.append(time.thread_time() - c0)
                 for out in got:
                     i = int(out.request_id)
                     if count[i] == 0:
@@ -252,7 +263,33 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     from servelab import machine
     info = {"machine": machine.describe(), "git_commit": git_commit(), "engine_tree": engine_tree_state(),
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
+    if refs:
+        info["reference_s"] = [round(x, 7) for x in refs]
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+
+
+def reference_work(llm):
+    """A fixed piece of work shaped like a decode step: one row through every weight matrix of
+    the model (no attention, no engine state touched). Returns a function that does it once."""
+    import torch
+    mats = [p.detach() for p in llm.model.parameters() if p.dim() == 2]
+    rows = [torch.ones(1, m.shape[1], dtype=m.dtype) for m in mats]
+
+    def run():
+        with torch.no_grad():
+            for x, m in zip(rows, mats):
+                torch.mm(x, m.t())
+    run()
+    return run
+
+
+def reference_drift(run: EngineRun) -> float | None:
+    """How much the reference work's time varied within ``run``: its 90th over its 10th percentile
+    (1.0: a steady machine); None when the run has no reference timings."""
+    refs = run.info.get("reference_s") if run.info else None
+    if not refs or len(refs) < 3:
+        return None
+    return float(np.percentile(refs, 90) / np.percentile(refs, 10))
 
 
 def prefault(llm) -> None:
@@ -333,6 +370,9 @@ def _fit_meta(runs) -> dict:
     probes = [r.info.get("probe_s") for r in runs if r.info.get("probe_s")]
     if probes:
         meta["probe_s"] = float(np.median(probes))  # the machine's speed during the fit runs
+    refs = [x for r in runs for x in (r.info.get("reference_s") or [])]
+    if refs:
+        meta["reference_s"] = float(np.median(refs))
     return meta
 
 
@@ -392,19 +432,23 @@ class Comparison:
 
 
 def speed_factor(run: EngineRun, step_model) -> float:
-    """How much slower (>1) the machine ran during ``run`` than during the fit, by the speed probe."""
+    """How much slower (>1) the machine ran during ``run`` than during the fit: by the reference
+    work timed during the runs (medians) when both have it, else by the speed probe."""
+    meta = getattr(step_model, "meta", {})
+    refs = run.info.get("reference_s") if run.info else None
+    if refs and meta.get("reference_s"):
+        return float(np.median(refs)) / meta["reference_s"]
     p_run = run.info.get("probe_s") if run.info else None
-    p_fit = getattr(step_model, "meta", {}).get("probe_s")
+    p_fit = meta.get("probe_s")
     return p_run / p_fit if p_run and p_fit else 1.0
 
 
 def compare(run: EngineRun, step_model, normalise: bool = False) -> Comparison:
     """Simulate the run's trace with ``step_model`` and set it beside the measurement.
 
-    ``normalise``: scale the model by :func:`speed_factor` (the speed probe run
-    just before the trace against the fit runs' probes), when both were measured.
-    Off by default: on a shared machine the probe's few seconds did not track
-    the speed over a run's minutes (benchmarks/results/sim.md).
+    ``normalise``: scale the model by :func:`speed_factor` (the reference work
+    timed during the run, or the speed probe run before it, against the fit
+    runs'), when both were measured. Off by default.
     """
     if normalise and hasattr(step_model, "scaled"):
         f = speed_factor(run, step_model)
