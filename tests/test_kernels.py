@@ -73,7 +73,7 @@ def test_step_overhead_counts_a_decode_step():
 def test_cuda_is_refused_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(ValueError, match="no GPU"):
+    with pytest.raises(ValueError, match="no CUDA GPU"):
         K.op_overhead_seconds(device="cuda")
 
 

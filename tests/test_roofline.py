@@ -320,3 +320,45 @@ def test_measure_with_the_cpu_clock():
         rl.measure_bandwidth(4, 1, clock="sundial")
     with pytest.raises(ValueError, match="threads=1"):
         rl.measure(model=TINY, progress=False, threads=2, clock="cpu")
+
+
+def test_measurements_run_on_the_cpu_when_named_and_refuse_unknown_devices():
+    torch = pytest.importorskip("torch")
+    for device in ("cpu", torch.device("cpu")):
+        bw = rl.measure_bandwidth(4, 1, device=device)
+        mm = rl.measure_matmul(32, ("fp32", "bf16"), 1, device=device)
+        assert all(r["seconds"] > 0 for r in bw + mm)
+    assert rl.check_device(torch.device("cpu")) == "cpu"
+    for bad in ("tpu", "gpu", "cuda:x", "cpu:1", "mps"):
+        with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+            rl.measure_bandwidth(4, 1, device=bad)
+        with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+            rl.measure_matmul(32, ("fp32",), 1, device=bad)
+
+
+def test_a_gpu_is_synchronised_around_every_timed_call(monkeypatch):
+    """A stand-in torch.cuda records the order: synchronise, start the clock, call, synchronise."""
+    torch = pytest.importorskip("torch")
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", device)))
+    assert rl.check_device("cuda:1") == "cuda:1"
+    rl._median_seconds(lambda: events.append("call"), repeats=2, warmup=1, device="cuda:1")
+    assert events == ["call", ("sync", "cuda:1"), "call", ("sync", "cuda:1"), "call", ("sync", "cuda:1")]
+    with pytest.raises(ValueError, match="2 CUDA GPU"):
+        rl.check_device("cuda:2")
+    with pytest.raises(ValueError, match="clock='cpu'"):
+        rl._median_seconds(lambda: None, 1, device="cuda", clock="cpu")
+
+
+def test_bandwidth_and_matmul_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here; the CPU stays the default")
+    bw = rl.measure_bandwidth(8, 2, device="cuda")
+    mm = rl.measure_matmul(256, ("fp32", "bf16"), 2, device="cuda")
+    assert all(r["GB_per_s"] > 0 for r in bw) and all(r["GFLOP_per_s"] > 0 for r in mm)
+    model = rl.build_sweep_model(TINY, "bf16", device="cuda")
+    rows = rl.measure_decode(model, batches=(1,), repeats=1)
+    assert rows[0]["seconds"] > 0 and next(model.parameters()).device.type == "cuda"

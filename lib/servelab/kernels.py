@@ -22,8 +22,10 @@ makes the costs of the small ones concrete:
   product and a memory copy standing in for communication) run one after the
   other and side by side; the time saved is the overlap.
 
-Every timing function takes ``device=`` ("cpu" by default; "cuda" when a GPU is
-present, synchronising around each timed call).
+Every timing function runs on the CPU by default and on a GPU with ``device="cuda"``
+(functions given a model use the model's device): tensors are made on the device,
+the device is synchronised before the clock starts and after each timed call, and
+an unknown device, or "cuda" without a GPU, is a ValueError that says so.
 """
 from __future__ import annotations
 
@@ -60,30 +62,43 @@ H100_REGISTERS_PER_SM = 256 * 1024
 
 
 def _sync(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+    """Wait for everything queued on ``device`` (a GPU runs its kernels after the call returns)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def _check_device(device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but no GPU is visible; use device='cpu'")
-    return dev
+    """``device`` ("cpu", "cuda", "cuda:N" or a ``torch.device``) checked as
+    :func:`servelab.roofline.check_device` checks it: anything else is a ValueError."""
+    from servelab.roofline import check_device
+
+    return torch.device(check_device(str(device) if isinstance(device, torch.device) else device))
+
+
+def _model_device(model) -> torch.device:
+    param = next(model.parameters(), None)
+    return _check_device(param.device if param is not None else "cpu")
 
 
 def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device="cpu",
               statistic: str = "min") -> float:
-    """Seconds one call of ``fn`` takes: the minimum (default) or median of ``repeats`` calls."""
+    """Seconds one call of ``fn`` takes: the minimum (default) or median of ``repeats`` calls.
+
+    On a GPU (``device="cuda"``) the device is synchronised before the clock starts
+    and after each call, so the time is the work's and not only its launch.
+    """
     if statistic not in ("min", "median"):
         raise ValueError(f"statistic must be 'min' or 'median', got {statistic!r}")
+    dev = _check_device(device)
     for _ in range(warmup):
         fn()
-    _sync(device)
+    _sync(dev)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        _sync(dev)
         times.append(time.perf_counter() - t0)
     return min(times) if statistic == "min" else statistics.median(times)
 
@@ -164,8 +179,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _fusion_inputs(kind: str, rows: int, width: int, device, dtype):
-    g = torch.Generator(device="cpu").manual_seed(0)
-    mk = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    g = torch.Generator(device=device).manual_seed(0)   # made on the device, not copied there
+    mk = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
     if kind == "rmsnorm_residual":
         return rmsnorm_residual, (mk(rows, width), mk(rows, width), mk(width))
     if kind == "swiglu":
@@ -253,13 +268,15 @@ def decode_step(model, batch: int = 1, context: int = 16):
     """A repeatable decode step of ``model``: ``batch`` new tokens after ``context`` cached ones.
 
     Returns a function that runs one step and crops the cache back, so every call is the same step.
+    The cache and the token ids live on the model's device.
     """
-    g = torch.Generator().manual_seed(0)
+    dev = _model_device(model)
+    g = torch.Generator(device=dev).manual_seed(0)
     cache = model.new_cache(batch_size=batch, max_len=context + 1)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)
     cache.advance(context)
-    ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g, device=dev)
 
     def step():
         with torch.inference_mode():
@@ -277,11 +294,12 @@ def step_overhead(model, batch: int = 1, context: int = 16, repeats: int = 20,
     ``overhead_share = ops x op_seconds / step_seconds`` (capped at 1): the part of the
     step that would remain with infinitely fast arithmetic and memory.
     """
+    dev = _model_device(model)
     step = decode_step(model, batch, context)
     ops = count_ops(step)
     n_ops = sum(ops.values())
-    op_s = op_overhead_seconds() if op_seconds is None else op_seconds
-    step_s = time_call(step, repeats)
+    op_s = op_overhead_seconds(device=dev) if op_seconds is None else op_seconds
+    step_s = time_call(step, repeats, device=dev)
     return {"ops": n_ops, "op_seconds": op_s, "step_seconds": step_s,
             "overhead_share": min(1.0, n_ops * op_s / step_s), "top_ops": ops.most_common(8)}
 
@@ -294,16 +312,19 @@ def compile_step(model, batch: int = 1, context: int = 16, repeats: int = 20) ->
     """
     import copy
 
+    dev = _model_device(model)
     step = decode_step(model, batch, context)
-    eager_s = time_call(step, repeats)
+    eager_s = time_call(step, repeats, device=dev)
     ref = step()
     compiled_model = copy.deepcopy(model)
     compiled_model.forward = torch.compile(compiled_model.forward, dynamic=False)
     cstep = decode_step(compiled_model, batch, context)
+    _sync(dev)
     t0 = time.perf_counter()
     out = cstep()
+    _sync(dev)
     compile_s = time.perf_counter() - t0
-    compiled_s = time_call(cstep, repeats)
+    compiled_s = time_call(cstep, repeats, device=dev)
     return {"eager_s": eager_s, "compiled_s": compiled_s, "compile_s": compile_s,
             "speedup": eager_s / compiled_s, "max_abs_diff": (out - ref).abs().max().item(),
             "steps_to_repay_compile": compile_s / max(eager_s - compiled_s, 1e-12)}
@@ -396,16 +417,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 # ---------------------------------------------------------------- overlap
 
-def overlap_measurement(n: int = 768, copy_mb: int = 64, repeats: int = 5) -> dict[str, Any]:
+def overlap_measurement(n: int = 768, copy_mb: int = 64, repeats: int = 5, device="cpu") -> dict[str, Any]:
     """A matrix product and an independent memory copy, one after the other vs side by side.
 
     The copy stands in for communication (an all-reduce's transfer): it needs
-    memory bandwidth, not arithmetic. Side by side, each runs in its own
-    thread (PyTorch releases the GIL inside ops; one intra-op thread each).
+    memory bandwidth, not arithmetic. On the CPU, side by side means each runs
+    in its own thread (PyTorch releases the GIL inside ops; one intra-op thread
+    each). On a GPU (``device="cuda"``) the products run on the default stream
+    and the copy, from pinned host memory to the GPU (the bus a transfer between
+    chips would use), on a second stream, as an engine overlaps communication.
     ``hidden`` is the fraction of the shorter job's time that disappeared:
     ``(compute + copy - together) / min(compute, copy)``; 1 means fully hidden.
-    Needs two free cores to show overlap; on a loaded machine it shows contention.
+    Needs two free cores to show overlap on a CPU; on a loaded machine it shows contention.
     """
+    for name, value in (("n", n), ("copy_mb", copy_mb), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    dev = _check_device(device)
+    if dev.type == "cuda":
+        return _overlap_cuda(n, copy_mb, repeats, dev)
     a = torch.randn(n, n)
     b = torch.randn(n, n)
     src = torch.ones(copy_mb * 250_000)
@@ -436,4 +466,35 @@ def overlap_measurement(n: int = 768, copy_mb: int = 64, repeats: int = 5) -> di
         torch.set_num_threads(old)
     c, x, t = (statistics.median(rows[k]) for k in ("compute", "copy", "together"))
     return {"compute_s": c, "copy_s": x, "together_s": t, "sum_s": c + x,
-            "hidden": (c + x - t) / min(c, x)}
+            "hidden": (c + x - t) / min(c, x), "device": "cpu"}
+
+
+def _overlap_cuda(n: int, copy_mb: int, repeats: int, dev: torch.device) -> dict[str, Any]:
+    """:func:`overlap_measurement` on a GPU: two CUDA streams instead of two threads."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, generator=g, device=dev)
+    b = torch.randn(n, n, generator=g, device=dev)
+    src = torch.ones(copy_mb * 250_000, pin_memory=True)   # host memory the GPU can read directly
+    dst = torch.empty(src.shape, device=dev)
+    side = torch.cuda.Stream(device=dev)
+
+    def compute():
+        for _ in range(3):
+            torch.mm(a, b)
+
+    def copy():
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                dst.copy_(src, non_blocking=True)
+
+    def together():   # both queued at once; the device runs the two streams side by side
+        copy()
+        compute()
+
+    rows = {"compute": [], "copy": [], "together": []}
+    for _ in range(repeats):
+        for name, fn in (("compute", compute), ("copy", copy), ("together", together)):
+            rows[name].append(time_call(fn, 1, warmup=1, device=dev))
+    c, x, t = (statistics.median(rows[k]) for k in ("compute", "copy", "together"))
+    return {"compute_s": c, "copy_s": x, "together_s": t, "sum_s": c + x,
+            "hidden": (c + x - t) / min(c, x), "device": str(dev)}

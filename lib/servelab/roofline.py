@@ -497,17 +497,25 @@ CLOCKS = ("wall", "cpu")
 
 
 def check_device(device: str = "cpu") -> str:
-    """``device`` as torch spells it ("cpu", "cuda", "cuda:1"); a GPU must be present."""
+    """``device`` as torch spells it ("cpu", "cuda", "cuda:1", or a ``torch.device``); a GPU must be present.
+
+    Returns the device as a string. Anything else (a typo, "gpu", "mps") is a ValueError naming the choices.
+    """
     import torch
 
+    if isinstance(device, torch.device):
+        device = str(device)
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
-    kind = device.split(":")[0]
-    if kind not in ("cpu", "cuda"):
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not (kind == "cuda" and index.isdigit())):
         raise ValueError(f"measurements run on 'cpu' or 'cuda' ('cuda:N'), got {device!r}")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but this machine has no CUDA GPU that torch can use; "
                          "measure on device='cpu'")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+                         "use 'cuda' or a smaller index")
     return device
 
 
@@ -567,7 +575,7 @@ def measure_bandwidth(size_mb: int = 512, repeats: int = 5, statistic: str = "me
     import torch
 
     _check_count("size_mb", size_mb)
-    check_device(device)
+    device = check_device(device)
     n = size_mb * 1_000_000 // 4
     src = torch.full((n,), 0.5, device=device)  # values do not matter; filling beats random numbers
     dst = torch.empty_like(src)
@@ -587,11 +595,12 @@ def measure_matmul(n: int = 2048, dtypes: Sequence[str] = ("fp32", "bf16"), repe
     import torch
 
     _check_count("n", n)
-    check_device(device)
+    device = check_device(device)
     rows = []
     for dtype in dtypes:
         tdt = _torch_dtype(dtype)
-        a, b = torch.rand(n, n).to(device, tdt), torch.rand(n, n).to(device, tdt)
+        a = torch.rand(n, n, device=device, dtype=tdt)   # made on the device, not copied there
+        b = torch.rand(n, n, device=device, dtype=tdt)
         s = _median_seconds(lambda: torch.mm(a, b), repeats, statistic=statistic, device=device, clock=clock)
         rows.append(_row("matmul", "matmul", dtype, s, nbytes=3 * n * n * a.element_size(), ops=2.0 * n ** 3))
     return rows
@@ -699,7 +708,7 @@ def measure(quick: bool = True, threads: int = 1, dtypes: Sequence[str] = ("fp32
     import torch
 
     _check_count("threads", threads)
-    check_device(device)
+    device = check_device(device)
     if clock == "cpu" and threads != 1:
         raise ValueError(f"clock='cpu' adds up every thread's CPU time; use threads=1, got {threads}")
     batches = tuple(batches or (QUICK_BATCHES if quick else LARGE_BATCHES))
