@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
 
-FULL = dict(requests=128, concurrency=64, input="uniform:16:64", output=32, pairs=3, ttft_reps=15,
-            prompt_len=32, rates=(0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0), rate_requests=96)
-QUICK = dict(requests=16, concurrency=8, input="uniform:4:16", output=4, pairs=1, ttft_reps=3,
+FULL = dict(requests=384, concurrency=64, input="uniform:16:64", output=32, pairs=5, thread_pairs=3,
+            ttft_reps=21, prompt_len=32, rates=(0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0), rate_requests=160)
+QUICK = dict(requests=16, concurrency=8, input="uniform:4:16", output=4, pairs=1, thread_pairs=1, ttft_reps=3,
              prompt_len=8, rates=(0.5, 1.0), rate_requests=8)
 GOAL_THROUGHPUT_RATIO = 0.85
 GOAL_TTFT_OVERHEAD_MS = 5.0
@@ -93,6 +93,38 @@ def server_run(url, reqs, concurrency: int, rate=float("inf"), pid: int | None =
         bad = [r["error"] for r in s["requests"] if r["error"]][:3]
         raise RuntimeError(f"{s['failed']} requests failed: {bad}")
     return s
+
+
+def measure_pair(llm, server, P, seed: int) -> dict:
+    """One offline run and one server run of the same fresh requests (no prefix hits)."""
+    from servelab import loadgen
+    batch = loadgen.synthetic_requests(P["requests"], P["input"], f"fixed:{P['output']}", seed=seed)
+    off = offline_run(llm, batch, P["output"])
+    srv = server_run(server.url, batch, P["concurrency"], pid=server.pid)
+    return {"offline_tok_s": off["output_throughput"], "server_tok_s": srv["output_throughput"],
+            "ratio": srv["output_throughput"] / off["output_throughput"],
+            "offline_tok_per_cpu_s": off["output_tokens"] / off["cpu_seconds"],
+            "server_tok_per_cpu_s": srv["output_tokens"] / srv["server_cpu_seconds"],
+            "client_tok_per_cpu_s": srv["output_tokens"] / srv["client_cpu_seconds"],
+            "client_us_per_token": srv["client_cpu_seconds"] / srv["output_tokens"] * 1e6,
+            "cpu_ratio": (srv["output_tokens"] / srv["server_cpu_seconds"])
+            / (off["output_tokens"] / off["cpu_seconds"]),
+            "server_ttft_p50_s": srv["ttft_s"]["p50"], "server_tpot_p50_s": srv["tpot_s"]["p50"]}
+
+
+def throughput_pairs_thread_mode(llm, P) -> list[dict]:
+    """The same pairs against a server whose engine loop is a thread of the API process
+    (``--no-engine-process``): what the separate engine-core process buys."""
+    from servelab.server import launch
+    server = launch(MODEL_DIR, args=["--max-num-seqs", P["concurrency"], "--max-queued-requests", 100_000,
+                                     "--no-engine-process"])
+    try:
+        from servelab import loadgen
+        warm = loadgen.synthetic_requests(P["concurrency"] // 2 or 1, P["input"], f"fixed:{P['output']}", seed=499)
+        server_run(server.url, warm, P["concurrency"])
+        return [measure_pair(llm, server, P, seed=500 + k) for k in range(P["thread_pairs"])]
+    finally:
+        server.stop()
 
 
 def engine_ttft(llm, prompt_ids) -> float:
@@ -173,25 +205,18 @@ def main(argv=None) -> int:
         server_run(server.url, reqs[:P["concurrency"] // 2 or 1], P["concurrency"])
 
         # 1. throughput, interleaved pairs (fresh prompts per pair: no prefix hits on either side)
-        pairs = []
-        for k in range(P["pairs"]):
-            batch = loadgen.synthetic_requests(P["requests"], P["input"], f"fixed:{P['output']}", seed=100 + k)
-            off = offline_run(llm, batch, P["output"])
-            srv = server_run(server.url, batch, P["concurrency"], pid=server.pid)
-            pairs.append({"offline_tok_s": off["output_throughput"], "server_tok_s": srv["output_throughput"],
-                          "ratio": srv["output_throughput"] / off["output_throughput"],
-                          "offline_tok_per_cpu_s": off["output_tokens"] / off["cpu_seconds"],
-                          "server_tok_per_cpu_s": srv["output_tokens"] / srv["server_cpu_seconds"],
-                          "client_tok_per_cpu_s": srv["output_tokens"] / srv["client_cpu_seconds"],
-                          "cpu_ratio": (srv["output_tokens"] / srv["server_cpu_seconds"])
-                          / (off["output_tokens"] / off["cpu_seconds"]),
-                          "server_ttft_p50_s": srv["ttft_s"]["p50"], "server_tpot_p50_s": srv["tpot_s"]["p50"]})
+        pairs = [measure_pair(llm, server, P, seed=100 + k) for k in range(P["pairs"])]
         ratios = [p["ratio"] for p in pairs]
+        thread_pairs = throughput_pairs_thread_mode(llm, P)
         result["throughput"] = {"pairs": pairs, "ratio_median": statistics.median(ratios),
                                 "cpu_ratio_median": statistics.median(p["cpu_ratio"] for p in pairs),
                                 "offline_tok_s_median": statistics.median(p["offline_tok_s"] for p in pairs),
                                 "server_tok_s_median": statistics.median(p["server_tok_s"] for p in pairs),
-                                "concurrency": P["concurrency"], "requests": P["requests"], "output": P["output"]}
+                                "concurrency": P["concurrency"], "requests": P["requests"], "output": P["output"],
+                                "thread_mode_pairs": thread_pairs,
+                                "thread_mode_ratio_median": statistics.median(p["ratio"] for p in thread_pairs),
+                                "thread_mode_cpu_ratio_median": statistics.median(p["cpu_ratio"]
+                                                                                  for p in thread_pairs)}
 
         # 2. TTFT at low load: engine alone vs through HTTP, interleaved, fresh prompts
         prompts = [r.prompt for r in loadgen.synthetic_requests(P["ttft_reps"], f"fixed:{P['prompt_len']}",
@@ -258,23 +283,34 @@ def write_md(r: dict, path: Path) -> None:
         f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} "
         f"at start and {m['load_average_1min_end']} at the end; torch {m['torch']}, fastapi {m['fastapi']}, "
         f"uvicorn {m['uvicorn']}, httpx {m['httpx']}, Python {m['python']}; one torch thread per process; "
-        f"{m['date']}. Run time {r['run_seconds']:.0f} s. Model `servelab-main` (fp32). The server is its own "
-        "process; the load generator and the offline reference run in the benchmark's process, so both "
-        "sides share the machine's cores.", "",
+        f"{m['date']}. Run time {r['run_seconds']:.0f} s. Model `servelab-main` (fp32). The server "
+        "(`python -m servelab.server`) is two processes: the API server (HTTP, server-sent events, "
+        "tokenizing) and the engine core (scheduler, model, sampler, detokenizer), talking over a Unix "
+        "socket with one message per engine step. The load generator (`servelab.loadgen`, its lean "
+        "HTTP/1.1 client) and the offline reference run in the benchmark's process, so all of them "
+        "share the machine's cores.", "",
         f"## Throughput at {t['concurrency']} concurrent streams", "",
         f"{t['requests']} requests, prompts {r['params']['input']} tokens, {t['output']} output tokens each "
         "(`ignore_eos`), greedy. Offline = `LLM.generate` with the same seats. Interleaved pairs:", "",
-        "| pair | offline tok/s | server tok/s | server / offline | offline tok per CPU-s | server process "
+        "| pair | offline tok/s | server tok/s | server / offline | offline tok per CPU-s | server "
         "tok per CPU-s | server / offline per CPU-s | client tok per CPU-s |", "|---|---|---|---|---|---|---|---|"]
     for k, p in enumerate(t["pairs"], 1):
         lines.append(f"| {k} | {p['offline_tok_s']:,.0f} | {p['server_tok_s']:,.0f} | {p['ratio']:.2f} | "
                      f"{p['offline_tok_per_cpu_s']:,.0f} | {p['server_tok_per_cpu_s']:,.0f} | "
                      f"{p['cpu_ratio']:.2f} | {p['client_tok_per_cpu_s']:,.0f} |")
+    client_us = statistics.median(p["client_us_per_token"] for p in t["pairs"])
     lines += ["", f"Median ratio **{t['ratio_median']:.2f}** (goal >= {r['goals']['throughput_ratio']}: "
-              f"{ok[r['verdicts']['throughput_ratio_met']]}). Per CPU-second of the server process (all its "
-              f"threads: engine, HTTP, JSON) against the offline engine's: **{t['cpu_ratio_median']:.2f}**, "
-              "a figure that other processes on the machine do not skew; the load generator's own CPU is "
-              "on top and competes for the same cores in the wall-clock ratio.", "",
+              f"{ok[r['verdicts']['throughput_ratio_met']]}). Per CPU-second of the server (both its "
+              f"processes, all their threads) against the offline engine's: **{t['cpu_ratio_median']:.2f}**, "
+              "a figure that other processes on the machine do not skew. The load generator spent a median "
+              f"{client_us:.0f} us of CPU per streamed token, on top, competing for the same cores in the "
+              "wall-clock ratio.", "",
+              f"The same pairs against the server with its engine loop as a thread of the API process "
+              f"(`--no-engine-process`, {len(t['thread_mode_pairs'])} pairs): median ratio "
+              f"**{t['thread_mode_ratio_median']:.2f}**, per CPU-second **{t['thread_mode_cpu_ratio_median']:.2f}**"
+              " (" + ", ".join(f"{p['ratio']:.2f}" for p in t["thread_mode_pairs"]) + "). In one process "
+              "the engine's Python and the HTTP layer's take turns on one interpreter lock; in two, the "
+              "engine core steps on one core while HTTP runs on the other.", "",
               "## Time to first token at low load", "",
               f"One request at a time, {tt['prompt_len']}-token prompts, one-token replies, "
               f"{len(tt['overhead_ms_each'])} interleaved pairs. Engine alone (add_request -> first token): "
@@ -283,9 +319,9 @@ def write_md(r: dict, path: Path) -> None:
               f"(goal <= {r['goals']['ttft_overhead_ms']} ms: {ok[r['verdicts']['ttft_overhead_met']]}).", "",
               "Where the server's TTFT went (medians, from the server's own timestamps): "
               + ", ".join(f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in tt["server_split_ms_median"].items())
-              + ". Everything but the prefill is the HTTP path: two hand-offs between processes and two "
-              "between the server's threads, each a wake-up that waits for a free core when the "
-              "machine is busy.", "",
+              + ". Everything but the prefill is the serving path: client to API server, API server to "
+              "engine core, and back twice; each hand-off is a wake-up of a process blocked on a socket, "
+              "which waits for a free core when the machine is busy.", "",
               "## Latency against request rate (Poisson arrivals)", "",
               f"Saturation estimate {sw['saturation_rps_estimate']:.1f} requests/s (the throughput above / "
               "output length). Each row sends "

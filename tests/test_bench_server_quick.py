@@ -18,6 +18,7 @@ def test_server_bench_quick(tmp_path):
     assert r["quick"] is True and r["server_exit_code"] == 0
     assert len(r["throughput"]["pairs"]) == 1 and r["throughput"]["ratio_median"] > 0
     assert r["throughput"]["cpu_ratio_median"] > 0
+    assert r["throughput"]["thread_mode_ratio_median"] > 0 and len(r["throughput"]["thread_mode_pairs"]) == 1
     assert set(r["ttft_low_load"]["server_split_ms_median"]) == {
         "client_to_server", "http_and_tokenize", "engine_queue", "engine_prefill", "token_to_client"}
     rows = r["rate_sweep"]["rows"]

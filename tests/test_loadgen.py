@@ -126,3 +126,33 @@ def test_cli_writes_json_and_plot(server, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["completed"] == 6 and data["output_tokens"] == 18 and png.stat().st_size > 1000
     assert "TTFT" in capsys.readouterr().out
+
+
+def test_raw_client_matches_httpx_and_reuses_connections(server):
+    from servelab.loadgen import RawHTTPClient
+    reqs = synthetic_requests(10, "uniform:4:12", "uniform:2:5", vocab_size=4000, seed=4)
+    runs = {kind: asyncio.run(run_load(server.url, reqs, model="tiny", max_concurrency=3, progress=False,
+                                       client=kind)) for kind in ("raw", "httpx")}
+    assert runs["raw"]["failed"] == runs["httpx"]["failed"] == 0
+    assert [r["output_tokens"] for r in runs["raw"]["requests"]] == \
+        [r["output_tokens"] for r in runs["httpx"]["requests"]]
+
+    async def reuse():
+        c = RawHTTPClient(server.url, timeout_s=30)
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}
+        for _ in range(3):
+            async with c.stream("POST", "/v1/completions", body) as r:
+                assert r.status_code == 200
+                raw = await r.aread()
+                assert raw.endswith(b"data: [DONE]\n\n")
+        idle = len(c._idle)
+        async with c.stream("POST", "/v1/completions", {"model": "nope", "prompt": "hi"}) as r:
+            assert r.status_code == 404 and b"does not exist" in await r.aread()  # a sized body
+        await c.aclose()
+        return idle
+
+    assert asyncio.run(reuse()) == 1  # one connection served all three streams
+    with pytest.raises(ValueError, match="http:// or https://"):
+        RawHTTPClient("ftp://x")
+    with pytest.raises(ValueError, match="'raw' or 'httpx'"):
+        asyncio.run(run_load(server.url, reqs[:1], model="tiny", client="curl", progress=False))
