@@ -57,7 +57,7 @@ def test_reference_work_tracks_the_machine():
     r = cal.run_engine(TRACE.subset(slice(0, 4)), CFG, label="ref", warmup=1, probe=False, reference_every=2)
     refs = r.info["reference_s"]
     assert len(refs) == len(r.shapes) // 2 and all(x > 0 for x in refs)
-    assert cal.reference_drift(r) >= 1.0
+    assert cal.reference_drift(r, min_count=2) >= 1.0 and cal.reference_drift(r, min_count=10**6) is None
     model = cal.fit_step_model([r], features=("prefill_tokens", "decode_rows"), kind="linear")
     assert model.meta["reference_s"] == pytest.approx(float(np.median(refs)))
     assert cal.speed_factor(r, model) == pytest.approx(1.0)
@@ -159,6 +159,7 @@ def test_long_prompt_interference_in_the_engine():
 def test_speed_probe_scales_the_model(run):
     assert run.info["probe_s"] > 0
     model = cal.fit_step_model([run], features=("prefill_tokens", "decode_rows"), kind="linear")
+    model.meta.pop("reference_s", None)  # without in-run reference timings the probe decides
     assert model.meta["probe_s"] == run.info["probe_s"]
     assert cal.speed_factor(run, model) == 1.0
     model.meta["probe_s"] = run.info["probe_s"] / 2  # the fit ran twice as fast as now

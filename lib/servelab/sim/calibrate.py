@@ -111,7 +111,7 @@ CLOCKS = ("cpu", "wall")
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
-               clock: str = "cpu", reference_every: int = 25) -> EngineRun:
+               clock: str = "cpu", reference_every: int = 10) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
@@ -283,13 +283,17 @@ def reference_work(llm):
     return run
 
 
-def reference_drift(run: EngineRun) -> float | None:
-    """How much the reference work's time varied within ``run``: its 90th over its 10th percentile
-    (1.0: a steady machine); None when the run has no reference timings."""
+def reference_drift(run: EngineRun, min_count: int = 8) -> float | None:
+    """How much the machine's speed shifted within ``run``: the median time of the reference work
+    in the slower half of the run over the faster half (1.0: a steady machine; one timing alone
+    varies by tens of percent, a half's median by a few). None with fewer than ``min_count``
+    timings."""
     refs = run.info.get("reference_s") if run.info else None
-    if not refs or len(refs) < 3:
+    if not refs or len(refs) < min_count:
         return None
-    return float(np.percentile(refs, 90) / np.percentile(refs, 10))
+    h = len(refs) // 2
+    a, b = float(np.median(refs[:h])), float(np.median(refs[h:]))
+    return max(a, b) / min(a, b)
 
 
 def prefault(llm) -> None:
