@@ -364,8 +364,8 @@ def where_markdown(r: dict, w: dict) -> list[str]:
              f"rounds; op self times per step): int8 kernels "
              f"{w['int8_kernel_ms']:.1f} ms, output head (bf16 matmul) {w['head_ms']:.1f} ms, attention "
              f"{w['attention_ms']:.1f} ms, every other op {w['other_ops_ms']:.1f} ms; ops total "
-             f"{w['profiled_ms']:.1f} ms against a {step8:.1f} ms step timed without the profiler (which adds its "
-             f"own time to every op). The fp32 step: "
+             f"{w['profiled_ms']:.1f} ms, against a {step8:.1f} ms step timed without the profiler (at "
+             f"another moment; the difference, where positive, is Python between the ops). The fp32 step: "
              f"matmuls {w['fp32_matmul_ms']:.1f} ms, other ops {w['fp32_other_ops_ms']:.1f} ms.", "",
              "Each int8 kernel shape in the step, and the same kernel alone (cold: weights rotated through "
              "copies larger than the caches; hot: one copy again and again), next to an fp32 mat-vec (cold):", "",
@@ -379,25 +379,40 @@ def where_markdown(r: dict, w: dict) -> list[str]:
     cold = [x["int8_cold_GB_per_s"] for x in sh]
     hot = [x["int8_hot_Gweights_per_s"] for x in sh]
     f32 = [x["fp32_cold_GB_per_s"] for x in sh]
-    # the profiler's op times are inflated by its own bookkeeping: read them as shares of the step
+    # profiled op times are used as measured, unless the ops add up to more than the whole un-profiled
+    # step (the profiler's bookkeeping, or a disturbed moment): then they are scaled down to fit it
+    scale = min(1.0, step8 / w["profiled_ms"])
     share = w["int8_kernel_ms"] / w["profiled_ms"]
-    kernel_ms = share * step8
+    kernel_ms = w["int8_kernel_ms"] * scale
     rest = step8 - kernel_ms
-    # the int8 kernels at the fp32 mat-vec's byte rate, shape by shape, scaled the same way
-    at_fp32_rate = share * step8 * sum(
-        x["calls_per_step"] * x["n"] * x["k"] / (x["fp32_cold_GB_per_s"] * 1e6) for x in sh) / w["int8_kernel_ms"]
+    # the int8 kernels at the fp32 mat-vec's byte rate, shape by shape
+    at_fp32_rate = scale * sum(x["calls_per_step"] * x["n"] * x["k"] / (x["fp32_cold_GB_per_s"] * 1e6) for x in sh)
     ratio = statistics.median(c / f for c, f in zip(cold, f32))
     lines += ["", f"- The kernel reads its weights cold at {min(cold):.1f}-{max(cold):.1f} GB/s, where an fp32 "
               f"mat-vec of the same shape reads {min(f32):.1f}-{max(f32):.1f} GB/s; hot (in cache) it turns "
               f"{min(hot):.1f}-{max(hot):.1f} G weights/s. The int8 matrices hold a quarter of the fp32 bytes, "
               f"but the kernel streams them at {ratio:.2f} of the fp32 rate (median over shapes), so its "
               f"weight reads are only {4 * ratio:.1f}x faster than fp32's.",
-              f"- The int8 kernels are {share:.0%} of the profiled int8 step: {kernel_ms:.1f} ms of its "
-              f"{step8:.1f} ms. If every other op took no time, the step would be {kernel_ms:.1f} ms, "
-              f"{step32 / kernel_ms:.2f}x the fp32 step; everything else (head, attention, small ops, Python) "
-              f"takes {rest:.1f} ms.",
+              f"- The int8 kernels are {share:.0%} of the profiled ops: {kernel_ms:.1f} ms of the "
+              f"{step8:.1f} ms step. If nothing else took any time, the step would be {kernel_ms:.1f} ms, "
+              f"{step32 / kernel_ms:.2f}x the fp32 step; everything else (head, attention, small ops, and "
+              f"Python between ops) takes {rest:.1f} ms.",
               f"- With the kernels reading at the fp32 mat-vec's rate shape by shape and the rest as measured, "
               f"the step would be {at_fp32_rate + rest:.1f} ms: {step32 / (at_fp32_rate + rest):.2f}x fp32."]
+    goal = next((g for g in r["goals"] if g["goal"].endswith("fp32")), None)
+    if goal is not None and not goal["met"]:
+        target = goal["target"]
+        if step32 / kernel_ms < target:
+            lines.append(f"- So the {target}x mark against fp32 is out of reach with this kernel here: the int8 "
+                         f"kernels alone would cap the ratio at {step32 / kernel_ms:.2f}x even if the rest of the "
+                         "step were free.")
+        if step32 / (at_fp32_rate + rest) < target:
+            budget = step32 / target - rest
+            weights_mb = sum(x["calls_per_step"] * x["n"] * x["k"] for x in sh) / 1e6
+            need = (f"{budget:.1f} ms for its {weights_mb:.0f} MB of int8 weights: "
+                    f"{weights_mb / budget:.1f} GB/s needed" if budget > 0 else "no time for the weights at all")
+            lines.append(f"- The rest of the int8 step ({rest:.1f} ms) leaves, of the {step32 / target:.1f} ms "
+                         f"a {target}x step may take, {need}.")
     return lines
 
 
