@@ -38,9 +38,16 @@ def model():
     return tiny_model()
 
 
-@pytest.fixture(scope="module")
-def server(model, tok):
-    engine = build_engine(model, tok, num_kv_blocks=512, max_num_seqs=64)
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request, model, tok):
+    """The engine loop as a thread of this process, or the engine core in a child process
+    (as ``python -m servelab.server`` runs it)."""
+    if request.param == "thread":
+        engine = build_engine(model, tok, num_kv_blocks=512, max_num_seqs=64)
+    else:
+        from servelab.server.core import EngineCoreClient
+        engine = EngineCoreClient("tiny", builder="test_server_process:tiny_engine", num_kv_blocks=512,
+                                  max_num_seqs=64, startup_timeout_s=120)
     srv = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, max_queued_requests=1000)))
     with srv:
         yield srv, engine
@@ -78,11 +85,17 @@ async def stream_one(client, prompt, max_tokens):
     return "".join(text), finish, usage, ids.pop()
 
 
-def wait_idle(engine, loop, timeout_s=30.0):
+def health(srv):
+    return httpx.get(srv.url + "/health", timeout=TIMEOUT).json()
+
+
+def wait_idle(srv, timeout_s=30.0):
+    """Nothing in flight, running or waiting, and every KV block back in the free pool."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if loop.num_in_flight == 0 and not engine.has_unfinished_requests():
-            return True
+        h = health(srv)
+        if h["in_flight"] == 0 and h["running"] == h["waiting"] == h["kv_blocks_used"] == 0:
+            return h["kv_blocks_free"] == h["kv_blocks_total"]
         time.sleep(0.02)
     return False
 
@@ -106,15 +119,13 @@ def test_many_concurrent_streams_complete_once_each_and_match_offline(server, mo
     for (text, finish, usage, _), want, n in zip(results, ref, lens):
         assert text == want.text and finish == want.finish_reason
         assert usage["completion_tokens"] == len(want.token_ids) <= n
-    assert wait_idle(engine, loop)
-    assert engine.scheduler.kv.allocator.num_used == 0  # every block back in the pool
-    assert engine.scheduler.kv.allocator.num_free == engine.config.num_kv_blocks
+    assert wait_idle(srv)  # every block back in the pool
 
 
 def test_clients_disconnecting_at_random_points_leave_no_block_in_use(server):
     srv, engine = server
     loop = srv.app.state.engine_loop
-    assert wait_idle(engine, loop)
+    assert wait_idle(srv)
     n_aborts = len(loop.abort_log)
     rng = random.Random(7)
     plan = [rng.randint(0, 12) for _ in range(N_DISCONNECTS)]  # data lines read before hanging up
@@ -146,11 +157,14 @@ def test_clients_disconnecting_at_random_points_leave_no_block_in_use(server):
             await asyncio.wait_for(asyncio.gather(*(one(c, p, k) for p, k in zip(ps, plan))), 120)
 
     asyncio.run(go())
-    assert wait_idle(engine, loop)
-    assert engine.scheduler.kv.allocator.num_used == 0
+    assert wait_idle(srv)
     records = loop.abort_log[n_aborts:]
     assert len(records) >= N_DISCONNECTS // 2  # most hung up while their request still ran
-    assert all(r.step_applied - r.step_requested <= 1 for r in records)
+    # the abort is applied before the engine's next step (process mode: the step the API
+    # server had last heard of, so a message in flight may add one)
+    slack = 2 if loop is engine else 1
+    assert all(r.step_applied - r.step_requested <= slack for r in records), \
+        sorted(r.step_applied - r.step_requested for r in records)[-5:]
 
 
 @pytest.mark.slow
