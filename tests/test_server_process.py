@@ -158,6 +158,10 @@ def test_a_request_whose_sampling_raises_in_the_core_fails_alone():
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert bad_events[-1] == "[DONE]" and "seed 13" in bad_events[-2]["error"]["message"]
         assert events[-1]["choices"][0]["finish_reason"] == "length"
+        # now the sampler refuses seed 13 outright: the admission dry run turns it away with a 400
+        r = c.post("/v1/completions", json=body(temperature=0.8, seed=13))
+        assert r.status_code == 400 and "seed 13" in r.json()["error"]["message"]
+        assert c.post("/v1/completions", json=body()).status_code == 200
         assert wait_until(lambda: idle(srv))
 
 
