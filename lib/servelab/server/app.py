@@ -294,7 +294,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                             continue
                         n_tok = len(c.token_ids)
                         lp = _lp(req, c, sent_tokens[i], n_tok, sent_chars[i])
-                        finish = c.finish_reason if (out.finished or c.finish_reason) else None
+                        finish = c.finish_reason  # set once that completion ended
                         delta = c.text[sent_chars[i]:]
                         if delta or first[i] or finish or lp:
                             yield sse(protocol.chunk(req, delta, finish, lp, first=first[i],
