@@ -83,29 +83,39 @@ def steady_run(trace, cfg, label: str, clock: str, attempts: int):
 
 
 def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
-                attempts: int = 3) -> tuple[dict, list, list]:
-    """Probe, fit runs and held-out runs: fit on the probe and fit runs, compare on all."""
+                attempts: int = 3) -> tuple:
+    """Probe, fit runs and held-out runs: fit on the fit runs, compare on all.
+
+    The probe (a burst, measured first) only sets the workloads' rates; the fit and held-out
+    runs are measured alternately, so a slow drift of the machine's speed over the minutes
+    falls on both sets alike. Returns (results, runs in the order measured, probe first).
+    """
     if runs_from is not None:
         data = json.loads(Path(runs_from).read_text())
         fit_runs = [cal.EngineRun.from_dict(d) for d in data["fit"]]
         held = [cal.EngineRun.from_dict(d) for d in data["held_out"]]
+        if "probe" in data:
+            probe = cal.EngineRun.from_dict(data["probe"])
+        else:  # the file of an older run: the probe was the first fit run
+            probe, fit_runs = fit_runs[0], fit_runs[1:]
     else:
         # an untimed first run: the process's memory and caches settle before anything counts
         cal.run_engine(cal.probe_trace(), cal.CONFIGS["base"], label="warm-up", clock=clock)
-        probe = steady_run(cal.probe_trace(), cal.CONFIGS["base"], "probe", clock, attempts)
+        probe = cal.run_engine(cal.probe_trace(), cal.CONFIGS["base"], label="probe", clock=clock)
         probe_model = cal.fit_step_model([probe], kind="linear")
         work = cal.calibration_workloads(probe_model, quick=quick)
-        fit_runs = [probe]
-        for name, (tr, cfg) in work["fit"].items():
-            print(f"  fit: {name} ({len(tr)} requests at {tr.rate:.2f}/s)", flush=True)
-            fit_runs.append(steady_run(tr, cfg, name, clock, attempts))
-        held = []
-        for name, (tr, cfg) in work["held_out"].items():
-            print(f"  held out: {name} ({len(tr)} requests at {tr.rate:.2f}/s)", flush=True)
-            held.append(steady_run(tr, cfg, name, clock, attempts))
+        fit_runs, held = [], []
+        order = [("fit", n) for n in work["fit"]]
+        order2 = [("held_out", n) for n in work["held_out"]]
+        mixed_order = [x for pair in zip(order, order2) for x in pair]
+        mixed_order += order[len(order2):] + order2[len(order):]
+        for part, name in mixed_order:
+            tr, cfg = work[part][name]
+            print(f"  {part.replace('_', '-')}: {name} ({len(tr)} requests at {tr.rate:.2f}/s)", flush=True)
+            (fit_runs if part == "fit" else held).append(steady_run(tr, cfg, name, clock, attempts))
     model = cal.fit_step_model(fit_runs)
     rows = []
-    for part, runs in (("fit", fit_runs[1:]), ("held-out", held)):
+    for part, runs in (("fit", fit_runs), ("held-out", held)):
         for r in runs:
             c = cal.compare(r, model)
             scaled = cal.compare(r, model, normalise=True)
@@ -121,7 +131,7 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
                          **{f"error_{k}": round(v, 4) for k, v in c.errors.items()},
                          "worst": round(c.worst, 4)})
     per_step, speed, kinds = {}, {}, {}
-    for r in [*fit_runs, *held]:
+    for r in [probe, *fit_runs, *held]:
         pred = np.array([model.step_s(s) for s in r.shapes])
         per_step[r.label] = round(float(np.median(np.abs(pred - r.durations) / r.durations)), 4)
         speed[r.label] = round(float(r.durations.sum() / pred.sum()), 3)  # >1: the machine ran slower
@@ -137,7 +147,7 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
                                    "machine": model.meta.get("machine"),
                                    "engine_tree": info.get("engine_tree"), "clock": info.get("clock", "wall")},
             "fit_report": fit_rep, "held_out_report": held_rep, "per_kind": kinds,
-            "per_step_median_error": per_step, "speed_ratio": speed}, fit_runs, held
+            "per_step_median_error": per_step, "speed_ratio": speed}, probe, fit_runs, held
 
 
 def write_md(out: Path, res: dict) -> None:
@@ -183,7 +193,8 @@ def calibration_md(cal_res: dict) -> list:
                   "core. Its scheduling decisions are the engine's own, made as the virtual clock says. What it "
                   "does not show: a busy machine's stalls (`--clock wall` keeps that variant). Memory traffic "
                   "of neighbours still slows a step's CPU time a little.", ""]
-    lines += [f"Step model (format {cal_res['model'].get('format', 1)}), fitted on the probe and the fit runs: "
+    lines += [f"Step model (format {cal_res['model'].get('format', 1)}), fitted on the fit runs (the probe, a burst measured first, only sets the rates; fit and held-out runs "
+              "measured alternately): "
               f"{cal_res['describe']}.", ""]
     fr = cal_res.get("fit_report")
     if fr:
@@ -277,11 +288,12 @@ def main(argv=None) -> int:
             print(f"no saved runs at {runs_from}; skipping calibration", flush=True)
         else:
             print("calibration ...", flush=True)
-            res["calibration"], fit_runs, held = calibration(a.quick, runs_from, a.clock, a.attempts)
+            res["calibration"], probe, fit_runs, held = calibration(a.quick, runs_from, a.clock, a.attempts)
             data_dir = Path(a.data_dir) if a.data_dir else RUNS_PATH.parent
             if runs_from is None:  # a fresh measurement: keep it for the tests and chapters
                 data_dir.mkdir(parents=True, exist_ok=True)
-                (data_dir / RUNS_PATH.name).write_text(json.dumps({"fit": [r.to_dict() for r in fit_runs],
+                (data_dir / RUNS_PATH.name).write_text(json.dumps({"probe": probe.to_dict(),
+                                                                   "fit": [r.to_dict() for r in fit_runs],
                                                                    "held_out": [r.to_dict() for r in held]}) + "\n")
             if not a.quick:  # the fitted model the CLI's check uses
                 cal.save_step_model(cal.step_model_from_dict(res["calibration"]["model"]),
