@@ -119,7 +119,10 @@ def to_markdown(res) -> str:
 
 
 def _git_commit() -> str:
+    """The checkout's short commit (``SERVELAB_GIT_COMMIT`` overrides it for an exported snapshot)."""
     import subprocess
+    if os.environ.get("SERVELAB_GIT_COMMIT"):
+        return os.environ["SERVELAB_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short",
                                "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
