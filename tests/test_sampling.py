@@ -113,3 +113,35 @@ def test_invalid_parameters_raise(kwargs, match):
 
 def test_stop_string_becomes_list():
     assert SamplingParams(stop="\n\n").stop == ["\n\n"]
+
+
+def test_n_is_validated_and_single_sequence_paths_refuse_n_above_one():
+    import pytest
+    from servelab.sampling import SamplingParams
+    assert SamplingParams().n == 1
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n \\(completions per prompt\\)"):
+            SamplingParams(n=bad)
+    from servelab.generation import generate
+    from servelab.model import LlamaConfig, LlamaModel
+    model = LlamaModel(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, max_position_embeddings=64)).init_weights(seed=0).eval()
+    with pytest.raises(ValueError, match="one completion; got n=2"):
+        generate(model, None, [1, 2, 3], sampling=SamplingParams(temperature=0, n=2))
+
+
+def test_engine_reads_n_from_sampling_params():
+    from servelab.engine import LLM
+    from servelab.model import LlamaConfig, LlamaModel
+    from servelab.sampling import SamplingParams
+    import torch
+    torch.manual_seed(0)
+    model = LlamaModel(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, max_position_embeddings=64)).init_weights(seed=0).eval()
+    llm = LLM(model, num_kv_blocks=32)
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, n=3,
+                                                  ignore_eos=True))
+    assert len(out) == 1 and len(out[0].outputs) == 3
+    assert len({tuple(c.token_ids) for c in out[0].outputs}) == 1

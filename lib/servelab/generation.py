@@ -93,6 +93,10 @@ def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int 
                                    "max_tokens": max_new_tokens if max_new_tokens is not None else params.max_tokens,
                                    "stop": list(params.stop) + extra})
     params.validate()
+    if params.n != 1:
+        raise ValueError(f"generate makes one completion; got n={params.n}. For n completions "
+                         "use the engine (LLM.generate or LLMEngine.add_request), which shares "
+                         "the prompt's blocks between them")
     prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token (e.g. the <|endoftext|> id)")

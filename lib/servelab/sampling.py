@@ -56,6 +56,9 @@ class SamplingParams:
     ``min_tokens``: new tokens before the end token, a stop token or a stop string may end
     the output (end and stop tokens are not drawn before that).
     ``include_stop_str_in_output``: keep the stop string that ended the output in its text.
+    ``n``: completions of the one prompt (the engine fans the request out into n
+    sequences that share the prompt's cached blocks; single-sequence ``generate``
+    accepts only 1).
     The rules themselves live in :class:`servelab.engine.stop.StopChecker`.
     """
 
@@ -70,6 +73,7 @@ class SamplingParams:
     logprobs: int | None = None
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    n: int = 1
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -92,6 +96,8 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n (completions per prompt) must be an integer >= 1, got {self.n!r}")
         return self
 
     @property

@@ -488,6 +488,9 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
         params = SamplingParams(**{**params.__dict__, "max_tokens": max_new_tokens})
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    if params.n != 1:
+        raise ValueError(f"speculative_generate makes one completion; got n={params.n}. "
+                         "For n completions use LLM(..., speculative_config=...)")
     prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token")
