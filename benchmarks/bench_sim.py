@@ -82,6 +82,10 @@ def steady_run(trace, cfg, label: str, clock: str, attempts: int):
     return best
 
 
+def _saved(run):
+    return cal.EngineRun.from_dict(json.loads(json.dumps(run.to_dict())))
+
+
 def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
                 attempts: int = 3) -> tuple:
     """Probe, fit runs and held-out runs: fit on the fit runs, compare on all.
@@ -113,6 +117,9 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
             tr, cfg = work[part][name]
             print(f"  {part.replace('_', '-')}: {name} ({len(tr)} requests at {tr.rate:.2f}/s)", flush=True)
             (fit_runs if part == "fit" else held).append(steady_run(tr, cfg, name, clock, attempts))
+        # compare on the runs as saved (arrival times rounded to the microsecond), so that a refit
+        # from the saved file (--runs-from) reproduces this table exactly
+        probe, fit_runs, held = (_saved(probe), [_saved(r) for r in fit_runs], [_saved(r) for r in held])
     model = cal.fit_step_model(fit_runs)
     rows = []
     for part, runs in (("fit", fit_runs), ("held-out", held)):
@@ -214,7 +221,7 @@ def calibration_md(cal_res: dict) -> list:
               "off the virtual clock). Column *drift*: that work's median time in the slower half of the run "
               f"over the faster half; a run that drifted more than {MAX_DRIFT:.2f}x (a neighbour slowed the core) "
               "was measured "
-              "again, up to three times in all, keeping the steadiest (*tries*). Column *speed*: the run's median "
+              "again (*tries*), keeping the steadiest. Column *speed*: the run's median "
               "reference time over the fit runs'; *worst, speed-scaled*: the worst error if the model is scaled "
               "by it. The main columns use the model as fitted.", "",
               "| set | workload | req/s | chunk | drift | tries | speed | TTFT p50 err | TTFT p95 err | "
@@ -268,7 +275,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--clock", default="cpu", choices=cal.CLOCKS,
                    help="time engine steps by their CPU time on a virtual clock (default) or by the wall clock")
-    p.add_argument("--attempts", type=int, default=3,
+    p.add_argument("--attempts", type=int, default=2,
                    help="measure a run again while the machine's speed drifted during it, up to this many times")
     p.add_argument("--data-dir", default=None, help="where to save the step model and the runs "
                    "(default: data/sim)")

@@ -542,7 +542,7 @@ def calibration_workloads(probe_model, quick: bool = False) -> dict:
     the fit set in rate, length mix, chunk size and prefix hits (the fit set has one bursty
     workload so that its steps cover large batches; the held-out bursty one has another length
     mix and rate). Sized for the course's small model (context 1,024 tokens)."""
-    n = 24 if quick else 100
+    n = 24 if quick else 200
     out = {}
     for part, specs in WORKLOADS.items():
         out[part] = {}
