@@ -211,6 +211,26 @@ def _isolated(n: int, k: int, cold_bytes: float, rounds: int, calls: int = 20) -
             "implied_read_GB_per_s": n * k / (cold - hot) / 1e9 if cold > hot else None}
 
 
+def _without_kernels(step, rounds: int, repeats: int) -> tuple[float, float]:
+    """Median step time as it is and with every int8 kernel call replaced by a stub that returns
+    zeros of the right shape (all other work unchanged), interleaved round by round."""
+    real = Q._low_bit_matmul
+
+    def stub(kernel, x2, codes, scales, group):
+        return torch.zeros(x2.shape[0], codes.shape[0], dtype=x2.dtype)
+
+    with_k, without_k = [], []
+    try:
+        for _ in range(rounds):
+            Q._low_bit_matmul = real
+            with_k.append(step.seconds(repeats))
+            Q._low_bit_matmul = stub
+            without_k.append(step.seconds(repeats))
+    finally:
+        Q._low_bit_matmul = real
+    return statistics.median(with_k), statistics.median(without_k)
+
+
 def where_int8_time_goes(int8_model, fp32_model, context: int, quick: bool) -> dict:
     """The int8 and fp32 steps profiled, and each int8 kernel shape timed alone (see the module docstring)."""
     repeats, rounds = (3, 2) if quick else (5, 3)
@@ -235,7 +255,9 @@ def where_int8_time_goes(int8_model, fp32_model, context: int, quick: bool) -> d
     ops32 = prof32["ops_ms"]
     dense32 = ops32.get("aten::mm", 0.0) + ops32.get("aten::addmm", 0.0)
     total32 = sum(ops32.values())
-    return {"repeats": repeats, "rounds": rounds, "shapes": shapes, "int8_kernel_ms": kernel, "head_ms": head,
+    step_s, stub_s = _without_kernels(step8, rounds=3 if quick else 9, repeats=3)
+    return {"repeats": repeats, "rounds": rounds, "shapes": shapes, "step_with_kernels_ms": step_s * 1e3,
+            "step_without_kernels_ms": stub_s * 1e3, "int8_kernel_ms": kernel, "head_ms": head,
             "attention_ms": attention, "other_ops_ms": total8 - kernel - head - attention,
             "profiled_ms": total8, "fp32_matmul_ms": dense32, "fp32_other_ops_ms": total32 - dense32,
             "fp32_profiled_ms": total32}
@@ -365,7 +387,7 @@ def where_markdown(r: dict, w: dict) -> list[str]:
              f"{w['int8_kernel_ms']:.1f} ms, output head (bf16 matmul) {w['head_ms']:.1f} ms, attention "
              f"{w['attention_ms']:.1f} ms, every other op {w['other_ops_ms']:.1f} ms; ops total "
              f"{w['profiled_ms']:.1f} ms, against a {step8:.1f} ms step timed without the profiler (at "
-             f"another moment; the difference, where positive, is Python between the ops). The fp32 step: "
+             f"another moment). The fp32 step: "
              f"matmuls {w['fp32_matmul_ms']:.1f} ms, other ops {w['fp32_other_ops_ms']:.1f} ms.", "",
              "Each int8 kernel shape in the step, and the same kernel alone (cold: weights rotated through "
              "copies larger than the caches; hot: one copy again and again), next to an fp32 mat-vec (cold):", "",
@@ -379,24 +401,25 @@ def where_markdown(r: dict, w: dict) -> list[str]:
     cold = [x["int8_cold_GB_per_s"] for x in sh]
     hot = [x["int8_hot_Gweights_per_s"] for x in sh]
     f32 = [x["fp32_cold_GB_per_s"] for x in sh]
-    # profiled op times are used as measured, unless the ops add up to more than the whole un-profiled
-    # step (the profiler's bookkeeping, or a disturbed moment): then they are scaled down to fit it
-    scale = min(1.0, step8 / w["profiled_ms"])
-    share = w["int8_kernel_ms"] / w["profiled_ms"]
-    kernel_ms = w["int8_kernel_ms"] * scale
+    # the split that needs no profiler: the same step with its int8 kernels stubbed out, interleaved;
+    # kernel time = step - stubbed step, rest = stubbed step, scaled to the table's step time
+    with_k, without_k = w["step_with_kernels_ms"], w["step_without_kernels_ms"]
+    share = (with_k - without_k) / with_k
+    kernel_ms = share * step8
     rest = step8 - kernel_ms
     # the int8 kernels at the fp32 mat-vec's byte rate, shape by shape
-    at_fp32_rate = scale * sum(x["calls_per_step"] * x["n"] * x["k"] / (x["fp32_cold_GB_per_s"] * 1e6) for x in sh)
+    at_fp32_rate = sum(x["calls_per_step"] * x["n"] * x["k"] / (x["fp32_cold_GB_per_s"] * 1e6) for x in sh)
     ratio = statistics.median(c / f for c, f in zip(cold, f32))
     lines += ["", f"- The kernel reads its weights cold at {min(cold):.1f}-{max(cold):.1f} GB/s, where an fp32 "
               f"mat-vec of the same shape reads {min(f32):.1f}-{max(f32):.1f} GB/s; hot (in cache) it turns "
               f"{min(hot):.1f}-{max(hot):.1f} G weights/s. The int8 matrices hold a quarter of the fp32 bytes, "
               f"but the kernel streams them at {ratio:.2f} of the fp32 rate (median over shapes), so its "
               f"weight reads are only {4 * ratio:.1f}x faster than fp32's.",
-              f"- The int8 kernels are {share:.0%} of the profiled ops: {kernel_ms:.1f} ms of the "
-              f"{step8:.1f} ms step. If nothing else took any time, the step would be {kernel_ms:.1f} ms, "
-              f"{step32 / kernel_ms:.2f}x the fp32 step; everything else (head, attention, small ops, and "
-              f"Python between ops) takes {rest:.1f} ms.",
+              f"- With every int8 kernel call replaced by a stub returning zeros, the step took "
+              f"{without_k:.1f} ms against {with_k:.1f} ms with them (medians, interleaved): the kernels are "
+              f"{share:.0%} of the step, {kernel_ms:.1f} ms of the table's {step8:.1f} ms. If nothing else took "
+              f"any time, the step would be {kernel_ms:.1f} ms, {step32 / kernel_ms:.2f}x the fp32 step; "
+              f"everything else (head, attention, small ops, Python) takes {rest:.1f} ms.",
               f"- With the kernels reading at the fp32 mat-vec's rate shape by shape and the rest as measured, "
               f"the step would be {at_fp32_rate + rest:.1f} ms: {step32 / (at_fp32_rate + rest):.2f}x fp32."]
     goal = next((g for g in r["goals"] if g["goal"].endswith("fp32")), None)

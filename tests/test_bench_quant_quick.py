@@ -31,6 +31,7 @@ def test_quant_quick(tmp_path):
     assert {(x["n"], x["k"]) for x in w["shapes"]} == {(1024, 512), (512, 512), (3072, 512), (512, 1536)}
     assert all(x["calls_per_step"] == 4 and x["int8_cold_ms"] > 0 and x["fp32_cold_ms"] > 0 for x in w["shapes"])
     assert w["int8_kernel_ms"] > 0 and w["profiled_ms"] >= w["int8_kernel_ms"]
+    assert 0 < w["step_without_kernels_ms"] < w["step_with_kernels_ms"]
     assert all(s["last_flat_batch"] >= 1 for s in r["sweep"].values())
     variants = [q["variant"] for q in r["quality"]]
     assert variants == ["fp32", "bf16", "int8", "int4-g128", "int4-g32", "mxfp4", "nvfp4"]

@@ -316,9 +316,11 @@ def _low_bit_matmul(kernel: str, x2: torch.Tensor, codes: torch.Tensor, scales: 
                     group: int | None) -> torch.Tensor:
     """``x2 [rows, in] @ W^T`` through PyTorch's CPU kernel ``kernel`` ("int8pack" or "int4pack")."""
     x2 = x2.contiguous()
+    if scales.dtype is not x2.dtype:
+        scales = scales.to(x2.dtype)
     if kernel == "int8pack":
-        return torch.ops.aten._weight_int8pack_mm(x2, codes, scales.to(x2.dtype))
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, codes, group, scales.to(x2.dtype))
+        return torch.ops.aten._weight_int8pack_mm(x2, codes, scales)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, codes, group, scales)
 
 
 class QuantizedLinear(nn.Module):
@@ -422,6 +424,12 @@ class QuantizedLinear(nn.Module):
         return "dequantize"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype is torch.bfloat16 and self.kernel != "dequantize" and self.bias is None
+                and x.numel() <= KERNEL_MAX_ROWS * self.in_features):
+            # the decode fast path, with as little Python as possible: a step calls this per layer
+            y = _low_bit_matmul(self.kernel, x.reshape(-1, self.in_features), self.codes, self.scales,
+                                self.format.group)
+            return y.view(*x.shape[:-1], self.out_features)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype not in (torch.float32, torch.bfloat16):
@@ -497,10 +505,10 @@ class FusedQuantizedLinears:
         return True
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x2 = x.reshape(-1, x.shape[-1])
-        if self._layer.path(x2.shape[0], x2.dtype) != "int8pack":
+        k = self.codes.shape[1]
+        if x.dtype is not torch.bfloat16 or x.numel() > KERNEL_MAX_ROWS * k:   # not QuantizedLinear's kernel path
             return tuple(l(x) for l in self._linears)
-        y = _low_bit_matmul("int8pack", x2, self.codes, self.scales, None)
+        y = _low_bit_matmul("int8pack", x.reshape(-1, k), self.codes, self.scales, None)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], y.shape[-1]).split(self.sizes, dim=-1)
