@@ -1,6 +1,6 @@
 """Simulator benchmarks: speed, and the calibration against the real engine (an error table like Vidur's).
 
-    .venv/bin/python benchmarks/bench_sim.py                  # full run (~15-25 min, 1 thread)
+    .venv/bin/python benchmarks/bench_sim.py                  # full run (~15 min, 1 thread)
     .venv/bin/python benchmarks/bench_sim.py --speed-only     # the million-request timing only
     .venv/bin/python benchmarks/bench_sim.py --quick --out D  # smoke run (seconds), into folder D
 

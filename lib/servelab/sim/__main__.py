@@ -45,8 +45,8 @@ def cmd_check(a) -> int:
     run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace), clock=a.clock)
     f = calibrate.speed_factor(run, model)
     if f != 1.0:
-        print(f"speed probe: this machine ran the probe {f:.2f}x as slowly as during the fit "
-              f"(not applied; a large factor means a busier machine and larger errors)")
+        print(f"speed: this machine ran the reference work (or the probe) {f:.2f}x as slowly as during "
+              f"the fit (not applied; a large factor means a busier machine and larger errors)")
     if a.save_run:
         with open(a.save_run, "w") as f:
             json.dump(run.to_dict(), f)
@@ -61,8 +61,8 @@ def cmd_calibrate(a) -> int:
     print("probe: a burst of requests to estimate this machine's speed ...", flush=True)
     calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="warm-up", clock=a.clock)
     probe = calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="probe", clock=a.clock)
-    probe_model = calibrate.fit_step_model([probe], kind="linear")
-    runs = [probe]
+    probe_model = calibrate.fit_step_model([probe], kind="linear")  # sets the workloads' rates only
+    runs = []
     for name, (trace, c) in calibrate.calibration_workloads(probe_model, quick=a.quick)["fit"].items():
         print(f"fit workload {name!r}: {len(trace)} requests at {trace.rate:.2f}/s ...", flush=True)
         runs.append(calibrate.run_engine(trace, c, model_dir=a.model, label=name, clock=a.clock))
@@ -71,7 +71,7 @@ def cmd_calibrate(a) -> int:
     print(f"step model: {model.describe()}")
     print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps"
           + (f", R^2 {model.meta['r2']:.3f}" if "r2" in model.meta else ""))
-    for r in runs[1:]:
+    for r in runs:
         c = calibrate.compare(r, model)
         print(f"\n{r.label}\n{c.table()}")
     print(f"\nsaved to {path} ({time.time() - t0:.0f} s)")
