@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/bench_kernels.py                       # a few minutes (compiles)
       .venv/bin/python benchmarks/bench_kernels.py --quick --out /tmp/x  # smoke run, no compiling
+      .venv/bin/python benchmarks/bench_kernels.py --device cuda --out /tmp/gpu   # a GPU, where present
 
 Writes kernels.md and kernels.json into benchmarks/results/ (or ``--out``). One thread.
 Measured: RMSNorm + residual add and SwiGLU, eager (one kernel per op) vs
@@ -31,6 +32,7 @@ import torch
 from servelab import kernels as K
 from servelab.machine import describe
 from servelab.model import load_course_model
+from servelab.roofline import check_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -60,21 +62,26 @@ def keep_allocator_warm() -> bool:
         return False
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, device: str = "cpu") -> dict:
+    device = check_device(device)
     torch.set_num_threads(1)
     allocator_warm = keep_allocator_warm()
     t0 = time.perf_counter()
     load_before = _load()
     rows, width = (64, 1024) if quick else (256, 8192)
     fusion = {kind: K.fusion_measurement(kind, rows=rows, width=width, repeats=3 if quick else 10,
-                                         compile=not quick) for kind in K.SEQUENCES}
-    op_s = K.op_overhead_seconds(200 if quick else 4000)
-    model = load_course_model()
+                                         compile=not quick, device=device) for kind in K.SEQUENCES}
+    op_s = K.op_overhead_seconds(200 if quick else 4000, device=device)
+    model = load_course_model().to(device)
     step = K.step_overhead(model, repeats=5 if quick else 30, op_seconds=op_s)
     compiled = None if quick else K.compile_step(model, repeats=30)
     overlap = K.overlap_measurement(n=128 if quick else 768, copy_mb=4 if quick else 64,
-                                    repeats=2 if quick else 7)
-    return {"quick": quick, "machine": describe(threads=1), "load_before": load_before, "load_after": _load(),
+                                    repeats=2 if quick else 7, device=device)
+    machine = describe(threads=1)
+    if device.startswith("cuda"):
+        machine["gpu"] = torch.cuda.get_device_name(device)
+    return {"quick": quick, "device": device, "machine": machine, "load_before": load_before,
+            "load_after": _load(),
             "fusion": fusion, "op_overhead_s": op_s, "course_step": step, "compile_step": compiled,
             "overlap": overlap, "run_seconds": time.perf_counter() - t0,
             "allocator_warm": allocator_warm}
@@ -83,7 +90,9 @@ def run(quick: bool) -> dict:
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [f"# Kernel benchmark{' (quick)' if r['quick'] else ''}", "",
-             f"Machine: {m['cpu']}, one thread; torch {m['torch']}; {m['date']}. Load average (1 min) "
+             f"Machine: {m['cpu']}, one thread"
+             + (f", measuring {m['gpu']} ({r['device']})" if m.get("gpu") else "")
+             + f"; torch {m['torch']}; {m['date']}. Load average (1 min) "
              f"before {r['load_before']}, after {r['load_after']}. Allocator kept warm (glibc mallopt: freed "
              f"memory is reused, not returned to the OS and page-faulted again): "
              f"{'yes' if r.get('allocator_warm') else 'no'}.", "",
@@ -115,14 +124,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda' to measure a GPU")
     args = parser.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.device != "cpu" and args.out is None:
+        print("--device writes another machine's run; pass --out DIR so it does not overwrite the recorded "
+              "(CPU) results", file=sys.stderr)
+        return 2
     if args.quick and args.out is None:
         print("--quick writes a smoke run; pass --out DIR so it does not overwrite the recorded results",
               file=sys.stderr)
         return 2
     out = args.out or RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    r = run(args.quick)
+    r = run(args.quick, args.device)
     (out / "kernels.json").write_text(json.dumps(r, indent=1, default=str))
     (out / "kernels.md").write_text(markdown(r))
     print(markdown(r))

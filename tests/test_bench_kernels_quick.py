@@ -22,3 +22,12 @@ def test_kernels_quick(tmp_path):
     assert r["course_step"]["ops"] > 100 and r["op_overhead_s"] > 0
     assert {"compute_s", "copy_s", "together_s", "hidden"} <= set(r["overlap"])
     assert "## Overlap" in (tmp_path / "kernels.md").read_text()
+    assert r["device"] == "cpu" and r["overlap"]["device"] == "cpu"
+
+
+def test_kernels_bench_refuses_an_unknown_device(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--quick", "--device",
+                           "tpu", "--out", str(tmp_path)], capture_output=True, text=True, env=ENV, cwd=str(ROOT),
+                          timeout=120)
+    assert proc.returncode == 2 and "'cpu' or 'cuda'" in proc.stderr
+    assert not (tmp_path / "kernels.json").exists()
