@@ -148,12 +148,23 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
     fit_rep = fit_report(model, fit_shapes, np.concatenate([r.durations for r in fit_runs]))
     held_rep = (fit_report(model, [s for r in held for s in r.shapes], np.concatenate([r.durations for r in held]))
                 if held else None)
+    # prompt-only steps of one whole power-of-two chunk against the rest (matrix sizes that run faster)
+    pow2, other = [0.0, 0.0, 0], [0.0, 0.0, 0]
+    for r in [*fit_runs, *held]:
+        for sh, y in zip(r.shapes, r.durations):
+            if sh.prefill_tokens and not sh.decode_rows and sh.prefill_seqs == 1:
+                acc = pow2 if sh.prefill_tokens in (64, 128, 256, 512) else other
+                acc[0] += model.step_s(sh)
+                acc[1] += float(y)
+                acc[2] += 1
+    chunk_sizes = {"pow2_steps": pow2[2], "pow2_ratio": round(pow2[0] / pow2[1], 3) if pow2[1] else None,
+                   "other_steps": other[2], "other_ratio": round(other[0] / other[1], 3) if other[1] else None}
     info = fit_runs[0].info if fit_runs else {}
     return {"model": model.to_dict(), "describe": model.describe(), "rows": rows,
             "engine_measured_at": {"git_commit": model.meta.get("git_commit"),
                                    "machine": model.meta.get("machine"),
                                    "engine_tree": info.get("engine_tree"), "clock": info.get("clock", "wall")},
-            "fit_report": fit_rep, "held_out_report": held_rep, "per_kind": kinds,
+            "fit_report": fit_rep, "held_out_report": held_rep, "per_kind": kinds, "chunk_sizes": chunk_sizes,
             "per_step_median_error": per_step, "speed_ratio": speed}, probe, fit_runs, held
 
 
@@ -162,9 +173,15 @@ def write_md(out: Path, res: dict) -> None:
     lines = ["# Simulator: speed and calibration against the engine", "",
              f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} "
              f"(1 min, at the end), Python {m['python']}, torch {m.get('torch')}, numpy {m.get('numpy')}, "
-             f"{m['date']}. Git commit measured: {res['git_commit']}.", ""]
+             f"{m['date']}. Written at git commit {res['git_commit']}"
+             + (" (the calibration refitted from saved engine runs)" if res.get("runs_from") else "") + ".", ""]
     sp = res.get("speed")
     if sp:
+        at = sp.get("measured_at")
+        if at:
+            am = at.get("machine") or {}
+            lines += [f"Speed measured at commit {at.get('git_commit')} ({am.get('date')}, load average "
+                      f"{am.get('load_average_1min')}).", ""]
         lines += ["## Speed", "",
                   f"{sp['requests']:,} requests through one replica (8B class on one H100, roofline step model, "
                   f"Poisson arrivals at {sp.get('rate', 9.0):g} requests/s, 1,000-token median prompts, "
@@ -248,11 +265,21 @@ def calibration_md(cal_res: dict) -> list:
               "fit's average): " + ", ".join(f"{k} {v:.2f}" for k, v in cal_res.get("speed_ratio", {}).items())
               + ".", ""]
     where = ["Where it misses:"]
+    ratio = cal_res.get("speed_ratio", {})
     if bad:
         where.append("the percentiles off by more than 10% are " + "; ".join(
-            f"{w} {k.replace('_', ' ')} ({e:+.1%})" for w, k, e in sorted(bad, key=lambda c: -abs(c[2]))) + ".")
+            f"{w} {k.replace('_', ' ')} ({e:+.1%}; that run's steps took {ratio.get(w, float('nan')):.2f}x "
+            "the fitted time)" for w, k, e in sorted(bad, key=lambda c: -abs(c[2]))) + ".")
     else:
         where.append("no held-out percentile is off by more than 10%.")
+    cs = cal_res.get("chunk_sizes") or {}
+    if cs.get("pow2_steps") and cs.get("other_steps"):
+        where.append(f"Prompt-only steps of exactly 64, 128, 256 or 512 tokens ({cs['pow2_steps']:,} of them) were "
+                     f"predicted at {cs['pow2_ratio']:.2f}x their measured time, the other prompt-only steps "
+                     f"({cs['other_steps']:,}) at {cs['other_ratio']:.2f}x"
+                     + (": matrices of those sizes run faster than the line through the others, and a chunked "
+                        "workload is made of them." if cs["pow2_ratio"] > cs["other_ratio"] + 0.03 else
+                        ": those sizes are no cheaper than the line says."))
     where.append("A percentile misses when the steps that set it are mispredicted: TTFT p95 sits in the queue's "
                  "tail, where a small error in the service rate is multiplied; TPOT p95 belongs to requests "
                  "with few output tokens whose gaps are mostly the mixed steps they shared with prompts; "
@@ -284,10 +311,13 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"git_commit": cal.git_commit()}
+    if a.runs_from:
+        res["runs_from"] = str(a.runs_from)
     if not a.calibration_only:
         n = 20_000 if a.quick else 1_000_000
         print(f"speed: {n:,} requests ...", flush=True)
         res["speed"] = speed(n)
+        res["speed"]["measured_at"] = {"git_commit": res["git_commit"], "machine": machine.describe(threads=1)}
         print(res["speed"], flush=True)
     if not a.speed_only:
         runs_from = a.runs_from or (RUNS_PATH if a.quick else None)
@@ -309,6 +339,8 @@ def main(argv=None) -> int:
     old = out / "sim.json"
     if not a.quick and (a.speed_only or a.calibration_only) and old.exists():
         prev = json.loads(old.read_text())  # keep the part not rerun
+        if prev.get("speed") is not None and "measured_at" not in prev["speed"]:
+            prev["speed"]["measured_at"] = {"git_commit": prev.get("git_commit"), "machine": prev.get("machine")}
         for key in ("speed", "calibration"):
             if prev.get(key) is not None:
                 res.setdefault(key, prev[key])
