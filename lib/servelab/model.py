@@ -41,6 +41,7 @@ __all__ = [
     "LlamaConfig", "check_llama_config", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
     "LlamaModel", "KVCache", "FusedLinears", "fusable", "load_pretrained", "save_pretrained", "load_config",
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
+    "store_column_major", "is_column_major",
 ]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -116,13 +117,19 @@ class FusedLinears:
     parameters are new tensors, and the fusion is rebuilt from them. Only plain
     ``nn.Linear`` are fused: if one projection of the group is anything else (a
     quantized linear, a tensor-parallel wrapper), the group runs one by one.
+
+    ``column_major=True`` stores the fused matrix transposed in memory (same
+    shape and values, strides ``(1, out)``): see :func:`column_major`.
     """
 
-    def __init__(self, linears):
+    def __init__(self, linears, column_major: bool = False):
         if not fusable(linears):
             raise TypeError(f"only plain nn.Linear can be fused, got {[type(l).__name__ for l in linears]}")
+        self.column_major = bool(column_major)
         with torch.no_grad():
             self.weight = torch.cat([l.weight for l in linears])
+            if self.column_major:
+                self.weight = _to_column_major(self.weight)
             has_bias = linears[0].bias is not None
             self.bias = torch.cat([l.bias for l in linears]) if has_bias else None
             self.sizes = [l.out_features for l in linears]
@@ -152,10 +159,52 @@ class FusedLinears:
         return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
 
+def _to_column_major(w: torch.Tensor) -> torch.Tensor:
+    """The same ``[out, in]`` matrix stored transposed: ``w.t().contiguous().t()``."""
+    return w.t().contiguous().t()
+
+
+def is_column_major(w: torch.Tensor) -> bool:
+    """True for a 2-D matrix stored transposed (each column contiguous)."""
+    return w.dim() == 2 and w.stride(0) == 1 and w.stride(1) == w.shape[0] and w.shape[0] > 1
+
+
+def store_column_major(linear: nn.Linear) -> nn.Linear:
+    """Store ``linear.weight`` transposed in memory (same shape, values and gradients).
+
+    ``F.linear`` multiplies by ``weight.t()``; stored column-major, that is a
+    plain row-major ``[in, out]`` matrix and a batch-1 step's mat-vec streams it
+    as long rows of ``out`` numbers. Stored the usual way, the mat-vec takes a
+    dot product per output over rows of only ``in`` numbers, and on the CPUs
+    this course measured that kernel read small models' matrices far below the
+    memory bandwidth (``benchmarks/results/engine.md``). Returns the linear.
+    """
+    if not is_column_major(linear.weight):
+        with torch.no_grad():
+            linear.weight = nn.Parameter(_to_column_major(linear.weight.detach()),
+                                         requires_grad=linear.weight.requires_grad)
+    return linear
+
+
 def fusable(linears) -> bool:
     """Plain ``nn.Linear`` with biases all present or all absent (nothing else is fused)."""
     return (all(type(l) is nn.Linear for l in linears)
             and len({l.bias is None for l in linears}) == 1)
+
+
+def _fused_output(owner: nn.Module, attr: str, linears, x):
+    """The fused group's whole output ``[..., sum(out)]`` in one matmul, or None when
+    the group is not a :class:`FusedLinears` (or training): then call :func:`_apply_linears`."""
+    fused = getattr(owner, attr)
+    if not isinstance(fused, FusedLinears) or torch.is_grad_enabled():
+        return None  # unfused, or another kind of fusion (a quantized one): its own __call__
+    if not fused.is_current(linears):
+        if not fusable(linears):
+            return None
+        with torch.inference_mode(False), torch.no_grad():
+            fused = FusedLinears(linears, column_major=fused.column_major)
+        setattr(owner, attr, fused)
+    return F.linear(x, fused.weight, fused.bias)
 
 
 def _apply_linears(owner: nn.Module, attr: str, linears, x):
@@ -173,7 +222,7 @@ def _apply_linears(owner: nn.Module, attr: str, linears, x):
         if not fusable(linears):
             return [l(x) for l in linears]
         with torch.inference_mode(False), torch.no_grad():
-            fused = FusedLinears(linears)
+            fused = FusedLinears(linears, column_major=fused.column_major)
         setattr(owner, attr, fused)
     return fused(x)
 
@@ -240,6 +289,9 @@ class RotaryEmbedding(nn.Module):
         """cos/sin at ``position_ids``; ``max_position`` (the largest id, if the caller
         knows it) saves a look at the tensor."""
         if max_position is None:
+            if torch.compiler.is_compiling():
+                # no data-dependent Python int in a compiled graph: compute (the same values)
+                return rope_cos_sin(position_ids, self.inv_freq, dtype)
             max_position = int(position_ids.max()) if position_ids.numel() else 0
         if max_position < self.max_positions:
             cos, sin = self.table()
@@ -250,6 +302,31 @@ class RotaryEmbedding(nn.Module):
 def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE for rows laid out ``[T, heads, head_dim]`` with cos/sin ``[T, 1, head_dim]``."""
     return x * cos + rotate_half(x) * sin
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated: ``rotate_half(x) * sin == x.roll(half) * signed``."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rope_roll(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in three operations: ``x * cos + roll(x, half) * signed_sin`` (the same
+    rotation as :func:`servelab.attention.apply_rope`: ``roll`` swaps the halves)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
+def _step_signed_sin(cache, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`_signed_sin` of this step's ``sin``, computed by the first layer and kept
+    on the step context for the others."""
+    memo = getattr(cache, "_signed_sin", None)
+    if memo is None or memo[0] is not sin:
+        memo = (sin, _signed_sin(sin))
+        try:
+            cache._signed_sin = memo
+        except AttributeError:  # a context that takes no attributes: compute per layer
+            pass
+    return memo[1]
 
 
 class Attention(nn.Module):
@@ -275,11 +352,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.fused_qkv: FusedLinears | None = None
 
-    def fuse(self) -> None:
+    def fuse(self, column_major: bool = False) -> None:
         """Store Q, K and V as one matrix and project with one matmul at inference
         (left unfused if a projection is not a plain ``nn.Linear``)."""
         linears = [self.q_proj, self.k_proj, self.v_proj]
-        self.fused_qkv = FusedLinears(linears) if fusable(linears) else None
+        self.fused_qkv = FusedLinears(linears, column_major) if fusable(linears) else None
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
@@ -288,11 +365,27 @@ class Attention(nn.Module):
         ``k, v [batch, num_kv_heads, time, head_dim]`` -- the K and V are
         exactly what a KV cache stores for these tokens.
         """
+        return self._project(x, cos, sin)
+
+    def _project(self, x, cos, sin, signed_sin=None):
         b, t, _ = x.shape
-        q, k, v = _apply_linears(self, "fused_qkv", (self.q_proj, self.k_proj, self.v_proj), x)
-        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = _fused_output(self, "fused_qkv", linears, x)
+        if qkv is not None and cos.dim() in (2, 3):
+            # fused: rotate Q and K together, in the [b, t, heads, d] rows the matmul wrote
+            cos_rows = cos[..., None, :]                     # [(b,) t, 1, d]
+            signed = _signed_sin(sin) if signed_sin is None else signed_sin
+            qk = _rope_roll(qkv[..., :(H + KVH) * D].view(b, t, H + KVH, D), cos_rows, signed[..., None, :])
+            v = qkv[..., (H + KVH) * D:].view(b, t, KVH, D)
+            return qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
+        if qkv is not None:
+            q, k, v = qkv.split((H * D, KVH * D, KVH * D), -1)
+        else:
+            q, k, v = _apply_linears(self, "fused_qkv", linears, x)
+        q = q.view(b, t, H, D).transpose(1, 2)
+        k = k.view(b, t, KVH, D).transpose(1, 2)
+        v = v.view(b, t, KVH, D).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -321,19 +414,20 @@ class Attention(nn.Module):
         """
         if getattr(cache, "ragged", False):
             T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-            q, k, v = _apply_linears(self, "fused_qkv", (self.q_proj, self.k_proj, self.v_proj), x)
-            base = q._base
-            if (base is not None and k._base is base and base.dim() == 2 and q.data_ptr() == base.data_ptr()
-                    and k.data_ptr() == base.data_ptr() + H * D * base.element_size()):
+            linears = (self.q_proj, self.k_proj, self.v_proj)
+            qkv = _fused_output(self, "fused_qkv", linears, x)
+            if qkv is not None:
                 # fused: Q and K sit side by side in one output, so one RoPE call rotates both
-                qk = _rope_rows(base[:, :(H + KVH) * D].view(T, H + KVH, D), cos, sin)
-                q, k = qk[:, :H], qk[:, H:]
+                qk = _rope_roll(qkv[:, :(H + KVH) * D].view(T, H + KVH, D), cos, _step_signed_sin(cache, sin))
+                q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D:].view(T, KVH, D)
             else:
+                q, k, v = _apply_linears(self, "fused_qkv", linears, x)
                 q = _rope_rows(q.view(T, H, D), cos, sin)
                 k = _rope_rows(k.view(T, KVH, D), cos, sin)
-            o = cache.attend(self.layer_idx, q, k, v.view(T, self.num_kv_heads, self.head_dim), self.scale)
+                v = v.view(T, KVH, D)
+            o = cache.attend(self.layer_idx, q, k, v, self.scale)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
-        q, k, v = self.project(x, cos, sin)
+        q, k, v = self._project(x, cos, sin, None if cache is None else _step_signed_sin(cache, sin))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         return self.attend(q, k, v, mask=mask, is_causal=is_causal)
@@ -350,11 +444,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.fused_gate_up: FusedLinears | None = None
 
-    def fuse(self) -> None:
+    def fuse(self, column_major: bool = False) -> None:
         """Store gate and up as one matrix and multiply once at inference
         (left unfused if either is not a plain ``nn.Linear``)."""
         linears = [self.gate_proj, self.up_proj]
-        self.fused_gate_up = FusedLinears(linears) if fusable(linears) else None
+        self.fused_gate_up = FusedLinears(linears, column_major) if fusable(linears) else None
 
     def forward(self, x):
         gate, up = _apply_linears(self, "fused_gate_up", (self.gate_proj, self.up_proj), x)
@@ -521,17 +615,33 @@ class LlamaModel(nn.Module):
         p = self.embed_tokens.weight
         return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
 
-    def fuse_projections(self) -> "LlamaModel":
+    def fuse_projections(self, column_major: bool = False) -> "LlamaModel":
         """Fuse every layer's Q/K/V and gate/up projections (see :class:`FusedLinears`).
 
         Same outputs, fewer and longer matmuls: the usual serving layout. A
         fusion made stale by ``.to(dtype)`` or a weight swap is rebuilt at the next
         inference call; groups holding other modules than plain ``nn.Linear``
         (quantized, tensor-parallel) stay unfused. Returns the model.
+
+        ``column_major=True`` also stores every plain linear's matrix (fused ones,
+        ``o_proj``, ``down_proj``, the head; a tied embedding with it) transposed
+        in memory (:func:`store_column_major`): same shapes, values and
+        ``state_dict``, faster mat-vecs on the CPUs measured. The serving engine's
+        runner asks for it. Code that calls ``.view`` on a weight must then use
+        ``.reshape``.
         """
         for layer in self.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+            layer.self_attn.fuse(column_major)
+            layer.mlp.fuse(column_major)
+            if column_major:
+                for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                    if type(lin) is nn.Linear:
+                        store_column_major(lin)
+        if column_major and type(self.lm_head) is nn.Linear:
+            tied = self.lm_head.weight is self.embed_tokens.weight
+            store_column_major(self.lm_head)
+            if tied:
+                self.embed_tokens.weight = self.lm_head.weight
         return self
 
     def num_parameters(self) -> int:

@@ -107,12 +107,20 @@ class PagedStepContext:
 
     A pool stored in a lower precision (``kv_dtype``) is converted per gathered
     block, never as a whole.
+
+    Gathers write into one reusable buffer (``scratch``, kept by the runner
+    across steps): a fresh multi-megabyte tensor per layer would be new memory
+    from the operating system each time, paid for in page faults. A lone decode
+    row whose blocks sit next to each other in the pool reads them as a view,
+    with no gather at all.
     """
 
     ragged = True
 
-    def __init__(self, pools, step: StepInput, block_size: int, max_padding: float = 0.25):
+    def __init__(self, pools, step: StepInput, block_size: int, max_padding: float = 0.25,
+                 scratch: dict | None = None):
         self.pools = pools
+        self.scratch = {} if scratch is None else scratch
         self.block_size = block_size
         self.max_position = max(step.positions) if step.positions else 0
         self.slots = torch.as_tensor(step.slot_mapping, dtype=torch.long)
@@ -123,6 +131,11 @@ class PagedStepContext:
         for g in group_decode_rows(range(nd), ctx, bs, max_padding):
             r0, r1 = g[0], g[-1] + 1
             nblk = blocks_for(ctx[r1 - 1], bs)  # sorted: the last is longest
+            ids = step.block_tables[r0][:nblk]
+            if r1 - r0 == 1 and ids[-1] - ids[0] == nblk - 1 and ids == list(range(ids[0], ids[0] + nblk)):
+                # one sequence whose blocks are consecutive in the pool: a view, no gather
+                self.decode_groups.append((r0, r1, slice(ids[0], ids[0] + nblk), nblk, ctx[r0], None))
+                continue
             table = torch.zeros(r1 - r0, nblk, dtype=torch.long)
             for row, i in enumerate(range(r0, r1)):
                 ids = step.block_tables[i][:blocks_for(ctx[i], bs)]
@@ -146,16 +159,27 @@ class PagedStepContext:
                 self.chunks.append((row, row + n, slots, mask))
             row += n
 
+    def _gather(self, source, index):
+        """``source.index_select(0, index)`` written into the reusable scratch buffer."""
+        n = index.numel() * source[0].numel()
+        buf = self.scratch.get(source.dtype)
+        if buf is None or buf.numel() < n:
+            buf = self.scratch[source.dtype] = torch.empty(max(n, 1 << 16), dtype=source.dtype)
+        return torch.index_select(source, 0, index, out=buf[:n].view(index.numel(), *source.shape[1:]))
+
     def attend(self, layer_idx: int, q, k, v, scale: float):
         """Write the rows' K/V into layer ``layer_idx``'s pool, then attend; returns [T, H, D]."""
         pool = self.pools[layer_idx]              # [num_blocks, block_size, 2, KVH, D]
         flat = pool.view(-1, *pool.shape[2:])     # [num_slots, 2, KVH, D]
         flat.index_copy_(0, self.slots, torch.stack((k, v), dim=1).to(pool.dtype))
         gqa = q.shape[1] != k.shape[1]
-        out = torch.empty_like(q)
+        out = None
         bs = self.block_size
         for r0, r1, table, nblk, longest, mask in self.decode_groups:
-            g = pool.index_select(0, table)       # K and V of the group's blocks, one gather
+            if isinstance(table, slice):          # consecutive blocks: a view of the pool
+                g = pool[table]
+            else:
+                g = self._gather(pool, table)     # K and V of the group's blocks, one gather
             if g.dtype != q.dtype:
                 g = g.to(q.dtype)                 # only the gathered blocks change precision
             g = g.view(r1 - r0, nblk * bs, *pool.shape[2:])[:, :longest]
@@ -164,14 +188,18 @@ class PagedStepContext:
                                                scale=scale, enable_gqa=gqa)
             if r1 - r0 == q.shape[0]:  # one group holds every row (all decodes): no copy
                 return o.squeeze(2)
+            if out is None:
+                out = torch.empty_like(q)
             out[r0:r1] = o.squeeze(2)
+        if out is None:
+            out = torch.empty_like(q)
         for r0, r1, slots, mask in self.chunks:
             qp = q[r0:r1].transpose(0, 1)[None]   # [1, H, n, D]
             if slots is None:
                 kk, vv = k[r0:r1].transpose(0, 1)[None], v[r0:r1].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(qp, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
             else:
-                g = flat.index_select(0, slots)
+                g = self._gather(flat, slots)
                 if g.dtype != q.dtype:
                     g = g.to(q.dtype)
                 kk, vv = g[:, 0].transpose(0, 1)[None], g[:, 1].transpose(0, 1)[None]
@@ -204,7 +232,9 @@ class ModelRunner:
         kv_dtype = kv_dtype or self.dtype
         shape = (num_blocks, block_size, 2, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_pools = [torch.zeros(shape, dtype=kv_dtype) for _ in range(cfg.num_hidden_layers)]
-        model.fuse_projections()  # views of one matrix each: no copy of the weights
+        # views of one matrix each, stored column-major: batch-1 mat-vecs stream long rows
+        model.fuse_projections(column_major=True)
+        self._scratch: dict = {}  # the step contexts' gather buffer, one per dtype, kept across steps
 
     @property
     def k_cache(self) -> list[torch.Tensor]:
@@ -223,7 +253,7 @@ class ModelRunner:
         return sum(t.numel() * t.element_size() for t in self.kv_pools)
 
     def context(self, step: StepInput) -> PagedStepContext:
-        return PagedStepContext(self.kv_pools, step, self.block_size)
+        return PagedStepContext(self.kv_pools, step, self.block_size, scratch=self._scratch)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
