@@ -88,3 +88,24 @@ def test_fit_needs_steps_of_both_kinds():
     shapes = [StepShape(0, 2, 40)] * 30
     with pytest.raises(ValueError, match="prompt steps"):
         fit_by_kind(shapes, np.full(30, 0.005))
+
+
+def test_with_noise_and_noise_band():
+    from servelab.sim import Trace
+    from servelab.sim import calibrate as cal
+    shapes = _shapes(seed=4)
+    rng = np.random.default_rng(5)
+    y = np.array([TRUE.step_s(s) for s in shapes]) * rng.lognormal(0, 0.1, len(shapes))
+    m = fit_by_kind(shapes, y)
+    noisy = m.with_noise(shapes, y, seed=1)
+    assert noisy.noisy and not m.noisy
+    s = StepShape(0, 3, 300)
+    assert len({round(noisy.step_s(s), 9) for _ in range(20)}) > 1
+    trace = synthetic(60, 20.0, seed=6)
+    cfg = ReplicaConfig(max_num_seqs=16, max_num_batched_tokens=512, num_kv_blocks=1024)
+    sim = simulate(trace, m, cfg)
+    run = cal.EngineRun(trace, cfg, shapes, y, sim.ttft, sim.tpot, sim.ttft + 1.0, "synthetic")
+    band = cal.noise_band(run, m, [run], seeds=3)
+    assert set(band) == set(cal.METRICS) and all(v >= 0 for v in band.values())
+    with pytest.raises(ValueError, match="KindStepModel"):
+        cal.noise_band(run, TRUE_DECODE, [run])

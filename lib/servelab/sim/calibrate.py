@@ -42,7 +42,7 @@ from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "reference_drift", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
+           "probe_trace", "rate_for_busy", "reference_work", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
            "long_prompt_interference"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -464,6 +464,25 @@ def compare(run: EngineRun, step_model, normalise: bool = False) -> Comparison:
     predicted = {"ttft_p50": sim.percentiles("ttft", (50,))[50], "ttft_p95": sim.percentiles("ttft", (95,))[95],
                  "tpot_p50": sim.percentiles("tpot", (50,))[50], "tpot_p95": sim.percentiles("tpot", (95,))[95]}
     return Comparison(run.label, run.percentiles(), predicted)
+
+
+def noise_band(run: EngineRun, step_model, fit_runs, seeds: int = 9) -> dict:
+    """How far each predicted percentile of ``run`` moves when every simulated step adds a
+    residual drawn from the fit runs' (the machine's step-to-step noise): half the range of the
+    ``seeds`` predictions, as a share of the measured value, per metric. A miss smaller than
+    this is within what one run of the real engine could show by chance."""
+    if not hasattr(step_model, "with_noise"):
+        raise ValueError("noise_band needs a KindStepModel (fit_step_model's default)")
+    shapes = [s for r in fit_runs for s in r.shapes]
+    durs = np.concatenate([r.durations for r in fit_runs])
+    measured = run.percentiles()
+    preds = {k: [] for k in METRICS}
+    for seed in range(seeds):
+        sim = simulate(run.trace, step_model.with_noise(shapes, durs, seed=100 * seed), run.config)
+        for k in METRICS:
+            what, q = k.split("_p")
+            preds[k].append(sim.percentiles(what, (int(q),))[int(q)])
+    return {k: float((max(v) - min(v)) / 2 / measured[k]) for k, v in preds.items()}
 
 
 def save_step_model(model, path=DEFAULT_STEP_MODEL) -> Path:

@@ -415,6 +415,25 @@ class KindStepModel(StepModel):
     def without_noise(self) -> "KindStepModel":
         return KindStepModel(self.decode.without_noise(), self.prefill.without_noise(), dict(self.meta))
 
+    def with_noise(self, shapes, durations, seed: int = 0) -> "KindStepModel":
+        """A copy whose every step adds a residual drawn from those of the measured steps of its
+        kind (``shapes``, ``durations``): the machine's own step-to-step noise, for asking how much
+        a percentile moves under it."""
+        shapes = list(shapes)
+        y = np.asarray(durations, dtype=float)
+        parts = []
+        for part, want_prompt in ((self.decode, False), (self.prefill, True)):
+            m = np.array([bool(sh.prefill_tokens) == want_prompt for sh in shapes])
+            if not m.any():
+                parts.append(part.without_noise())
+                continue
+            res = y[m] - np.array([part.step_s(sh) for sh, k in zip(shapes, m) if k])
+            q = tuple(np.quantile(res, np.linspace(0, 1, 201)).tolist())
+            p = part.without_noise()
+            parts.append(LinearStepModel(*p.coefficients, meta=p.meta, noise=q, noise_seed=seed + len(parts),
+                                         bin_edges=p.bin_edges, bin_costs=p.bin_costs, bin_on=p.bin_on))
+        return KindStepModel(parts[0], parts[1], dict(self.meta))
+
     def to_dict(self) -> dict:
         return {"kind": "by_kind", "format": STEP_MODEL_FORMAT, "decode": self.decode.to_dict(),
                 "prefill": self.prefill.to_dict(), "meta": self.meta}
