@@ -260,5 +260,7 @@ class ModelRunner:
         """Write every scheduled token's K/V; return fp32 logits [len(sample_rows), vocab]."""
         ids = torch.as_tensor(step.input_ids, dtype=torch.long)
         positions = torch.as_tensor(step.positions, dtype=torch.long)
-        rows = torch.as_tensor(step.sample_rows, dtype=torch.long)
+        rows = step.sample_rows
+        # every row samples (a pure decode step): no row gather before the head
+        rows = None if rows == list(range(len(step.input_ids))) else torch.as_tensor(rows, dtype=torch.long)
         return self.model(ids, positions, cache=self.context(step), logits_rows=rows).float()
