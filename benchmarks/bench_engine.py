@@ -39,7 +39,7 @@ import torch
 
 from servelab.engine import EngineConfig, LLMEngine, ModelRunner, StaticBatchEngine
 from servelab import sources
-from servelab.engine.workload import expected_longest, mixed_workload, percentile
+from servelab.engine.workload import expected_longest, mixed_workload, percentile, static_over_continuous_steps
 from servelab.model import LlamaConfig, LlamaModel, save_pretrained
 from servelab.sampling import SamplingParams
 
@@ -305,6 +305,31 @@ def batch_one(model, hf, prompt_len=64, new_tokens=128, repeats=3):
             "timing": f"best of {repeats}, interleaved"}
 
 
+#: Item 5's third target: a batch-1 step costs at most this many times the time to read its weights.
+TARGET_BATCH1_OVER_WEIGHTS_READ = 2.5
+
+
+def step_profile(model, quick: bool, repeats: int = 3) -> dict:
+    """Where a step's time goes, by phase (``servelab.engine.profile``), at batch 1 and at the
+    benchmark's seat count, and the batch-1 step against one read of its weights."""
+    from servelab.engine import profile as P
+    seats = (QUICK if quick else FULL)["seats"]
+    prompt_len, new = (16, 8) if quick else (64, 64)
+    rows = []
+    for n in (1, seats):
+        runs = [P.profile_engine(model, n, prompt_len, new) for _ in range(repeats)]
+        rows.append(min(runs, key=lambda r: r["step_ms"]))
+    bw = P.matvec_bandwidth_cpu_time(32 if quick else 256)
+    read_ms = 1e3 * P.weights_read_seconds(model, bw)
+    ratio = rows[0]["step_ms"] / read_ms
+    return {"runs": rows, "matvec_GB_per_s": round(bw / 1e9, 2), "weights_read_ms": round(read_ms, 4),
+            "batch1_over_weights_read": round(ratio, 2), "target": TARGET_BATCH1_OVER_WEIGHTS_READ,
+            "met": ratio <= TARGET_BATCH1_OVER_WEIGHTS_READ,
+            "how": f"servelab.engine.profile: CPU time per decode step, fastest of {repeats} runs of "
+                   f"{new} new tokens after a {prompt_len}-token prompt; weights read once at the mat-vec "
+                   "bandwidth measured on the same clock"}
+
+
 def prefix_lab(model, preamble_len=1200, question_len=24, repeats=5):
     """First-token time with a cached preamble vs the same preamble, one token changed."""
     g = torch.Generator().manual_seed(0)
@@ -390,7 +415,7 @@ def workload_description(overrides: dict) -> dict:
 
 
 def part_names(cfg, equal_memory: bool, base: bool) -> list[str]:
-    names = [f"sweep:{k}" for k in cfg["sweep"]] + ["transformers", "batch_one", "prefix"]
+    names = [f"sweep:{k}" for k in cfg["sweep"]] + ["transformers", "batch_one", "prefix", "step_profile"]
     if base:
         names.append("base")
     if equal_memory:
@@ -425,6 +450,8 @@ def run_part(name: str, quick: bool) -> dict:
         out["batch_one"] = batch_one(model, load_transformers(model), **cfg["batch_one"])
     elif name == "prefix":
         out["prefix_lab"] = prefix_lab(model, **cfg["prefix"])
+    elif name == "step_profile":
+        out["step_profile"] = step_profile(model, quick)
     elif name == "base":
         out["versus_base"] = versus_base(model, shape, workload, cfg, seats, ample, cfg["base_rounds"])
     elif name == "equal_memory":
@@ -473,6 +500,8 @@ def reuse_parts(path, which: str, names, r) -> dict[str, dict]:
             info["prefix_lab"] = old["prefix_lab"]
         elif name == "base":
             info["versus_base"] = old["versus_base"]
+        elif name == "step_profile":
+            info["step_profile"] = old["step_profile"]
         out[name] = info
     return out
 
@@ -560,6 +589,7 @@ def main(argv=None):
     r["parts"] = {n: {k: parts[n][k] for k in ("seconds", "load_average_1min_start", "load_average_1min_end",
                                                "reused_from") if k in parts[n]} for n in names}
     r["seat_sweep"] = [parts[f"sweep:{k}"]["row"] for k in cfg["sweep"]]
+    add_wave_model(r)
     headline = parts[f"sweep:{cfg['seats']}"]
     r["kv_memory"] = headline["kv_memory"]
     r["headline"] = headline["row"]
@@ -567,6 +597,8 @@ def main(argv=None):
     r["transformers"] = parts["transformers"]["transformers"]
     r["batch_one"] = parts["batch_one"]["batch_one"]
     r["prefix_lab"] = parts["prefix"]["prefix_lab"]
+    if "step_profile" in parts:
+        r["step_profile"] = parts["step_profile"]["step_profile"]
     r["versus_base"] = parts["base"]["versus_base"] if "base" in parts else \
         {"commit": BASE_COMMIT, "ran": False, "why": "--no-base"}
     if "equal_memory" in parts:
@@ -588,6 +620,19 @@ def main(argv=None):
     (out_dir / "engine.md").write_text(report(r))
     print(f"wrote {out_dir / 'engine.md'} in {r['run_seconds']} s")
     return 0
+
+
+def add_wave_model(r) -> dict:
+    """Each seat-sweep row gets the capped, finite-wave model's prediction of the step ratio
+    (:func:`servelab.engine.workload.static_over_continuous_steps`, as chapter 17 uses it)."""
+    w = r["workload"]["parameters"]
+    cap = w["output_cap"] / w["output_mean"]
+    for row in r["seat_sweep"]:
+        k = row["seats"]
+        row["waves"] = round(r["requests"] / k, 2)
+        row["expected_longest_capped"] = round(expected_longest(k, cap), 2)
+        row["predicted_step_ratio"] = round(static_over_continuous_steps(r["requests"], k, cap), 2)
+    return r
 
 
 def report(r) -> str:
@@ -667,25 +712,37 @@ def report(r) -> str:
         f"continuous batching ({pub['continuous_tokens_per_s'] / pub['static_tokens_per_s']:.0f}x): "
         f"{pub['setting']}.", "",
         "### Wave size", "",
-        "A static wave runs until its longest member is done. For exponential output lengths the "
-        "expected longest of n draws is H_n = 1 + 1/2 + ... + 1/n times the mean, so a bigger wave "
-        "waits longer on average, in steps. On this CPU a step costs about in proportion to its rows, "
-        "so waiting itself costs little CPU time: continuous / ragged in CPU time mostly measures how "
-        "well each step's fixed cost is shared. Same workload, memory to spare, only the seat count "
-        "changes (output tokens per CPU-second):", "",
-        "| seats | H_n | continuous | static ragged | static padded | continuous / ragged | "
-        "continuous / padded | steps padded / continuous |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *[f"| {s['seats']} | {s['expected_longest_over_mean']} | {s['continuous']['tokens_per_cpu_s']:,} | "
+        "A static wave runs until its longest member is done. The step ratio is predicted by "
+        "`servelab.engine.workload.static_over_continuous_steps` (the model chapter 17 uses): output "
+        "lengths exponential and capped as this workload draws them (cap "
+        f"{r['workload']['parameters']['output_cap'] / r['workload']['parameters']['output_mean']:.2f} "
+        "means), so a wave lasts L, the expected longest of its members, at most the cap however many "
+        "seats; with w waves static takes about w L mean lengths and continuous about w - 1 + L (every "
+        "seat busy until the queue empties, then its last requests drain), a ratio of w L / (w - 1 + L), "
+        "near 1 with one wave. Prefill is left out of the model. On this CPU a step costs about in "
+        "proportion to its rows, so waiting itself costs little CPU time: continuous / ragged in CPU "
+        "time mostly measures how well each step's fixed cost is shared. Same workload, memory to "
+        "spare, only the seat count changes (output tokens per CPU-second):", "",
+        "| seats | waves | L (capped longest / mean) | steps static / continuous: predicted | measured | "
+        "continuous | static ragged | static padded | continuous / ragged | continuous / padded |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *[f"| {s['seats']} | {s['waves']} | {s['expected_longest_capped']} | {s['predicted_step_ratio']}x | "
+          f"{s['step_ratio']}x | {s['continuous']['tokens_per_cpu_s']:,} | "
           f"{s['static_ragged']['tokens_per_cpu_s']:,} | {s['static_padded']['tokens_per_cpu_s']:,} | "
-          f"{s['continuous_vs_static_ragged_cpu']}x | {s['continuous_vs_static_padded_cpu']}x | "
-          f"{s['step_ratio']}x |" for s in r["seat_sweep"]], "",
+          f"{s['continuous_vs_static_ragged_cpu']}x | {s['continuous_vs_static_padded_cpu']}x |"
+          for s in r["seat_sweep"]], "",
         "## Speed targets (issue 10, item 5)", "",
         "| target | measured | met? |", "|---|---:|---|",
         f"| batch of one >= {b['target']}x `transformers` `generate` ({b['prompt_tokens']}-token prompt, "
         f"{b['new_tokens']} new tokens, {b['timing']}) | {b['speedup']}x ({b['engine_tokens_per_s']} vs "
         f"{b['transformers_tokens_per_s']} tok/s) | {yes(b['met'])} |",
     ]
+    sp = r.get("step_profile")
+    if sp:
+        one = sp["runs"][0]
+        lines.append(f"| a batch-1 step <= {sp['target']}x the time to read its weights once at the "
+                     f"mat-vec bandwidth | {sp['batch1_over_weights_read']}x ({one['step_ms']:.2f} ms against "
+                     f"{sp['weights_read_ms']:.2f} ms at {sp['matvec_GB_per_s']} GB/s) | {yes(sp['met'])} |")
     if vb.get("ran"):
         lines.append(f"| {vb['seats']}-seat continuous >= {vb['target']}x the engine at {vb['commit']} "
                      f"({vb['rounds']} interleaved rounds) | {vb['speedup_cpu']}x per CPU-second "
@@ -705,6 +762,14 @@ def report(r) -> str:
         lines += ["", f"How: {vb['how']}. Rounds (tok per CPU-s), this engine "
                   f"{[s['tokens_per_cpu_s'] for s in vb['now']]}, at {vb['commit']} "
                   f"{[s['tokens_per_cpu_s'] for s in vb['base']]}."]
+    if sp:
+        phases = list(sp["runs"][0]["phases_ms"])
+        lines += ["", f"### Where a decode step's time goes ({sp['how']})", "",
+                  "| phase | " + " | ".join(f"batch {x['seats']} (ms)" for x in sp["runs"]) + " |",
+                  "|---|" + "---:|" * len(sp["runs"]),
+                  *[f"| {ph} | " + " | ".join(f"{x['phases_ms'][ph]:.3f}" for x in sp["runs"]) + " |"
+                    for ph in phases],
+                  "| whole step | " + " | ".join(f"{x['step_ms']:.3f}" for x in sp["runs"]) + " |"]
     lines += [
         "", "## KV memory waste (same workload, continuous, time-averaged over steps)", "",
         "| scheme | waste (reserved but empty slots) |", "|---|---:|",

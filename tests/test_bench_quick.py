@@ -39,6 +39,10 @@ def test_engine_quick(tmp_path):
     assert r["versus_base"]["commit"] in md and "policy" in md
     assert "static waves, ragged" in md and "static waves, padded" in md
     assert r["published_static_vs_continuous"]["url"].startswith("https://")
+    # item 5's batch-1 target and the per-phase table; the wave model's predicted step ratio
+    assert r["step_profile"]["batch1_over_weights_read"] > 0 and "a batch-1 step <=" in md
+    assert "Where a decode step's time goes" in md
+    assert all(row["predicted_step_ratio"] >= 1 for row in r["seat_sweep"]) and "H_n" not in md
 
 
 def test_engine_quick_refuses_to_overwrite_results():
