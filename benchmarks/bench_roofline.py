@@ -108,6 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--statistic", choices=("median", "min"), default="median",
                         help="median of repeats (default), or min on a machine busy with other work")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--layout", choices=("serving", "plain"), default="serving",
+                        help="weights of the goals' decoders: 'serving' (default) re-fuses them as the "
+                             "engine's runner does, column-major (LlamaModel.fuse_projections(column_major=True)); "
+                             "'plain' keeps roofline.build_sweep_model's row-major matrices")
     parser.add_argument("--clock", choices=rl.CLOCKS, default="cpu",
                         help="time with this process's CPU time (default: right on a machine shared with "
                              "other work, one thread) or the wall clock")
@@ -130,11 +134,15 @@ def main(argv=None) -> int:
 
     matvec_bw = lambda: rl.measure_bandwidth(bw_mb, repeats=3, statistic=st, clock=ck)[1]["GB_per_s"]  # noqa: E731
 
+    def build(dtype):
+        model = rl.build_sweep_model(size, dtype)
+        return model.fuse_projections(column_major=True) if args.layout == "serving" else model
+
     def step_of(model, batch):
         return lambda: rl.measure_decode(model, (batch,), repeats=3, statistic=st, clock=ck)[0]
 
     # fp32: goal 1 (the step against its own matrices), the raw mat-vec share, step(2), step(8)
-    fp32 = rl.build_sweep_model(size, "fp32")
+    fp32 = build("fp32")
     mats = StepMatrices(fp32)
     one = step_of(fp32, 1)
     vs_matrices_pairs: list = []
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
     del fp32, mats, one
 
     # bf16: goals 2 and 3, the batch-1 mat-vec share, step(2)
-    bf16 = rl.build_sweep_model(size, "bf16")
+    bf16 = build("bf16")
     one16 = step_of(bf16, 1)
     bf16_share = paired_ratios(matvec_bw, lambda: one16()["GB_per_s"], pairs)
     bf16_ratios = {b: paired_ratios(seconds(one16), seconds(step_of(bf16, b)), n)
@@ -171,7 +179,12 @@ def main(argv=None) -> int:
              f"Statistic: {st} of {result.model['repeats']} repeats per point"
              + (" (the machine was shared with other work; the fastest repeat estimates an undisturbed run)"
                 if st == "min" else ""), "",
-             "## Machine", ""]
+             "Goal decoders' layout: " + (
+                 "the engine's serving layout: fused projections with every matrix stored column-major "
+                 "(`LlamaModel.fuse_projections(column_major=True)`, as `ModelRunner` uses them); the sweep "
+                 "table at the end uses `roofline.build_sweep_model`'s row-major matrices."
+                 if args.layout == "serving" else "row-major, as `roofline.build_sweep_model` builds them."),
+             "", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in result.machine.items()]
     lines += [f"- sweep model: {result.model['size']} ({result.model['params'] / 1e6:.0f}M parameters, "
               f"shape {result.model['shape']}), {result.model['context_tokens']} cached tokens per seat", "",
@@ -214,6 +227,7 @@ def main(argv=None) -> int:
     data = result.to_dict()
     data["quick"] = args.quick
     data["clock"] = ck
+    data["goal_layout"] = args.layout
     data["goals"] = [{"goal": g[0], "measured": g[1], "op": g[2], "target": g[3]} for g in goals]
     data["goal1_step_vs_matrices"] = vs_matrices
     data["goal1_step_vs_matrices_pairs_GB_per_s"] = [{"matrices": a, "step": b} for a, b in vs_matrices_pairs]
