@@ -171,7 +171,10 @@ def main(argv=None) -> int:
         ("bf16 throughput at batch 128 / batch 1 >= 15", 128 / median(bf16_ratios[128]), ">=", 15.0),
     ]
     sizes_mb = [r * c * 4 / 1e6 for r, c in step_matrices]
-    row_kb = sorted({c * 4 / 1e3 for _, c in step_matrices})
+    # the rows a batch-1 mat-vec streams: [out, in] stored row-major streams rows of `in`
+    # numbers; stored column-major (the serving layout), rows of `out` numbers
+    stored_rows = [r if args.layout == "serving" else c for r, c in step_matrices]
+    row_kb = sorted({n * 4 / 1e3 for n in stored_rows})
     cmd = "`.venv/bin/python benchmarks/bench_roofline.py" + (" --quick" if args.quick else "") + "`"
     lines = ["# Roofline benchmark", "", f"Command: {cmd}", "",
              "Clock: " + ("CPU time of this single-threaded process (on a machine shared with other work "
@@ -235,6 +238,7 @@ def main(argv=None) -> int:
     data["goal1_matmuls_alone_share"] = matmuls_alone
     data["goal1_step_matrices"] = [list(m) for m in step_matrices]   # [out, in] of each fp32 product
     data["goal1_reference_row_bytes"] = reference_row_bytes
+    data["goal1_stored_row_bytes"] = [n * 4 for n in stored_rows]   # fp32 bytes of each streamed row
     data["matvec_share"] = {"fp32": share, "bf16": bf16_share}        # batch-1 step GB/s / mat-vec GB/s, paired
     data["paired_step_ratios"] = {"fp32": {str(b): v for b, v in fp32_ratios.items()},
                                   "bf16": {str(b): v for b, v in bf16_ratios.items()}}
