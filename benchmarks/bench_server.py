@@ -275,6 +275,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def _modes_verdict(t: dict) -> str:
+    """Whether the pairs separate the two server modes (process against thread), in words."""
+    proc = [p["ratio"] for p in t["pairs"]]
+    thread = [p["ratio"] for p in t["thread_mode_pairs"]]
+    span = (f"Process-mode pairs spanned {min(proc):.2f}-{max(proc):.2f}, "
+            f"thread-mode {min(thread):.2f}-{max(thread):.2f}")
+    if min(proc) > max(thread):
+        return span + ": the engine-core process did better in every pair."
+    if min(thread) > max(proc):
+        return span + ": the thread did better in every pair."
+    return span + ": the ranges overlap, so this run does not separate the two modes."
+
+
 def write_md(r: dict, path: Path) -> None:
     m, t, tt, sw = r["machine"], r["throughput"], r["ttft_low_load"], r["rate_sweep"]
     ok = {True: "met", False: "MISSED"}
@@ -285,8 +298,9 @@ def write_md(r: dict, path: Path) -> None:
         f"uvicorn {m['uvicorn']}, httpx {m['httpx']}, Python {m['python']}; one torch thread per process; "
         f"{m['date']}. Run time {r['run_seconds']:.0f} s. Model `servelab-main` (fp32). The server "
         "(`python -m servelab.server`) is two processes: the API server (HTTP, server-sent events, "
-        "tokenizing) and the engine core (scheduler, model, sampler, detokenizer), talking over a Unix "
-        "socket with one message per engine step. The load generator (`servelab.loadgen`, its lean "
+        "tokenizing) and the engine core (scheduler, model, sampler, and here also the detokenizer and "
+        "stop strings, which vLLM V1 keeps in its API server process: its engine core returns token ids "
+        "only), talking over a Unix socket with one message per engine step. The load generator (`servelab.loadgen`, its lean "
         "HTTP/1.1 client) and the offline reference run in the benchmark's process, so all of them "
         "share the machine's cores.", "",
         f"## Throughput at {t['concurrency']} concurrent streams", "",
@@ -307,10 +321,13 @@ def write_md(r: dict, path: Path) -> None:
               "wall-clock ratio.", "",
               f"The same pairs against the server with its engine loop as a thread of the API process "
               f"(`--no-engine-process`, {len(t['thread_mode_pairs'])} pairs): median ratio "
-              f"**{t['thread_mode_ratio_median']:.2f}**, per CPU-second **{t['thread_mode_cpu_ratio_median']:.2f}**"
-              " (" + ", ".join(f"{p['ratio']:.2f}" for p in t["thread_mode_pairs"]) + "). In one process "
-              "the engine's Python and the HTTP layer's take turns on one interpreter lock; in two, the "
-              "engine core steps on one core while HTTP runs on the other.", "",
+              f"**{t['thread_mode_ratio_median']:.2f}** (pairs: "
+              + ", ".join(f"{p['ratio']:.2f}" for p in t["thread_mode_pairs"])
+              + f"), per CPU-second **{t['thread_mode_cpu_ratio_median']:.2f}**. " + _modes_verdict(t)
+              + " The reason for two processes (vLLM's design): in one, the engine's Python and the HTTP "
+              "layer's take turns on one interpreter lock; in two, the engine core can step on one core while "
+              "HTTP runs on another, when a core is free (here the load generator and the offline reference "
+              "used the same cores).", "",
               "## Time to first token at low load", "",
               f"One request at a time, {tt['prompt_len']}-token prompts, one-token replies, "
               f"{len(tt['overhead_ms_each'])} interleaved pairs. Engine alone (add_request -> first token): "
@@ -319,8 +336,9 @@ def write_md(r: dict, path: Path) -> None:
               f"(goal <= {r['goals']['ttft_overhead_ms']} ms: {ok[r['verdicts']['ttft_overhead_met']]}).", "",
               "Where the server's TTFT went (medians, from the server's own timestamps): "
               + ", ".join(f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in tt["server_split_ms_median"].items())
-              + ". Everything but the prefill is the serving path: client to API server, API server to "
-              "engine core, and back twice; each hand-off is a wake-up of a process blocked on a socket, "
+              + " ('engine queue' runs from the API server's hand-off to the engine core's scheduling, so it "
+              "includes the message to the core and its wake-up). Everything but the prefill is the serving "
+              "path: client to API server, API server to engine core, and back twice; each hand-off is a wake-up of a process blocked on a socket, "
               "which waits for a free core when the machine is busy.", "",
               "## Latency against request rate (Poisson arrivals)", "",
               f"Saturation estimate {sw['saturation_rps_estimate']:.1f} requests/s (the throughput above / "
@@ -336,8 +354,13 @@ def write_md(r: dict, path: Path) -> None:
                      f"{row['e2e_s']['p50'] * 1e3:.0f} |")
     knee = (f"{sw['knee_offered_rps']:.1f} requests/s ({sw['knee_fraction']:.2f} x the saturation estimate)"
             if sw["knee_offered_rps"] is not None else "not reached")
+    top = max(row["request_throughput"] for row in sw["rows"])
+    before_full = sw["knee_offered_rps"] is not None and sw["knee_offered_rps"] < top
+    climb = ": queueing delay climbs before the server is full" if before_full else ""
     lines += ["", f"Knee (the last rate before the median TTFT first exceeds {sw['knee_factor']:.0f}x the "
-              f"lowest rate's): {knee}. Other processes shared this machine's cores (see the load average "
+              f"lowest rate's): {knee}{climb}. The achieved rate "
+              f"levelled off at {top:.1f} requests/s ({top / sw['saturation_rps_estimate']:.2f} x the "
+              "estimate, which comes from a different run: the throughput pairs at a fixed concurrency). Other processes shared this machine's cores (see the load average "
               "above), so single rows are noisy; the shape, flat and then rising, is the result.", ""]
     path.write_text("\n".join(lines))
 

@@ -206,10 +206,11 @@ def test_sse_and_histogram_format():
 
 
 # ------------------------------------------------------------------ over HTTP
-def test_models_health_metrics(client):
+def test_models_health_metrics(server, client):
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
     h = client.get("/health").json()
     assert h["status"] == "ok" and h["kv_blocks_total"] == 256
+    assert h["block_size"] == server[1].config.block_size  # what cached_tokens counts in
     client.post("/v1/completions", json=body())
     text = client.get("/metrics").text
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_blocks_used",

@@ -84,6 +84,7 @@ def test_the_engine_runs_in_another_process(server):
     srv, client = server
     h = httpx.get(srv.url + "/health", timeout=TIMEOUT).json()
     assert h["status"] == "ok" and h["engine_pid"] == client.pid != os.getpid()
+    assert h["block_size"] == client.info["block_size"] > 0
 
 
 def test_concurrent_streams_match_offline_and_every_block_comes_back(server):

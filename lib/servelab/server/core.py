@@ -5,6 +5,10 @@ the HTTP layer's Python take turns on one interpreter lock: every SSE chunk
 the server writes is time the engine does not step. vLLM's V1 answer, used
 here: the engine runs in a *separate process* (the "engine core") with a busy
 loop, and the API server process does only HTTP, tokenizing and forwarding.
+One difference from vLLM V1: there the engine core returns token ids only, and
+the API server process detokenizes and checks stop strings (then aborts the
+request in the core); here the engine core does both, so each step's message
+carries finished text and a stop string ends its request in the same step.
 
 The two talk over one Unix socket pair, in frames of ``4-byte length + pickle``:
 
@@ -410,7 +414,8 @@ class EngineCoreClient:
     def snapshot(self) -> dict:
         s = self._snap
         return {"running": s[0], "waiting": s[1], "kv_blocks_used": s[2], "kv_blocks_free": s[3],
-                "kv_blocks_total": self.info["num_kv_blocks"], "steps": s[4],
+                "kv_blocks_total": self.info["num_kv_blocks"],
+                "block_size": self.info["block_size"], "steps": s[4],
                 "in_flight": len(self._reqs), "prefix_cache_hit_blocks": s[7],
                 "engine_pid": self.proc.pid}
 

@@ -100,8 +100,8 @@ class EngineLoop:
         return {"running": len(self.engine.scheduler.running),
                 "waiting": len(self.engine.scheduler.waiting),
                 "kv_blocks_used": kv.allocator.num_used, "kv_blocks_free": kv.allocator.num_free,
-                "kv_blocks_total": kv.num_blocks, "steps": self.steps,
-                "in_flight": self._in_flight}
+                "kv_blocks_total": kv.num_blocks, "block_size": self.engine.config.block_size,
+                "steps": self.steps, "in_flight": self._in_flight}
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> "EngineLoop":
