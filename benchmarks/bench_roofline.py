@@ -108,10 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--statistic", choices=("median", "min"), default="median",
                         help="median of repeats (default), or min on a machine busy with other work")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--layout", choices=("serving", "plain"), default="serving",
-                        help="weights of the goals' decoders: 'serving' (default) re-fuses them as the "
-                             "engine's runner does, column-major (LlamaModel.fuse_projections(column_major=True)); "
-                             "'plain' keeps roofline.build_sweep_model's row-major matrices")
+    parser.add_argument("--layout", choices=("plain", "serving"), default="plain",
+                        help="weights of the goals' decoders: 'plain' (default) keeps roofline.build_sweep_model's "
+                             "row-major matrices, as the sweep table; 'serving' re-fuses them column-major "
+                             "(LlamaModel.fuse_projections(column_major=True), as the engine's runner does in fp32)")
     parser.add_argument("--clock", choices=rl.CLOCKS, default="cpu",
                         help="time with this process's CPU time (default: right on a machine shared with "
                              "other work, one thread) or the wall clock")
@@ -184,9 +184,11 @@ def main(argv=None) -> int:
                 if st == "min" else ""), "",
              "Goal decoders' layout: " + (
                  "the engine's serving layout: fused projections with every matrix stored column-major "
-                 "(`LlamaModel.fuse_projections(column_major=True)`, as `ModelRunner` uses them); the sweep "
-                 "table at the end uses `roofline.build_sweep_model`'s row-major matrices."
-                 if args.layout == "serving" else "row-major, as `roofline.build_sweep_model` builds them."),
+                 "(`LlamaModel.fuse_projections(column_major=True)`, as `ModelRunner` keeps fp32 weights); the "
+                 "sweep table at the end uses `roofline.build_sweep_model`'s row-major matrices."
+                 if args.layout == "serving" else "row-major, as `roofline.build_sweep_model` builds them (the "
+                 "same as the sweep table; `--layout serving` measures them column-major, as the engine keeps "
+                 "fp32 weights)."),
              "", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in result.machine.items()]
     lines += [f"- sweep model: {result.model['size']} ({result.model['params'] / 1e6:.0f}M parameters, "
