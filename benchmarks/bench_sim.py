@@ -256,8 +256,9 @@ def calibration_md(cal_res: dict) -> list:
                   "Timed by its own CPU time, a step costs what it costs on a core of its own, and the "
                   "timeline (when each step starts, who is waiting) is the one the engine would have on such a "
                   "core. Its scheduling decisions are the engine's own, made as the virtual clock says. What it "
-                  "does not show: a busy machine's stalls (`--clock wall` keeps that variant). Memory traffic "
-                  "of neighbours still slows a step's CPU time a little.", ""]
+                  "does not show: a busy machine's stalls (`--clock wall` keeps that variant). What it cannot "
+                  "remove: neighbours sharing the core's caches and memory still slow a step's CPU time, whole "
+                  "runs by the per-run ratios below.", ""]
     lines += [f"Step model (format {cal_res['model'].get('format', 1)}), fitted on the fit runs (the probe, a burst measured first, only sets the rates; fit and held-out runs "
               "measured alternately): "
               f"{cal_res['describe']}.", ""]
