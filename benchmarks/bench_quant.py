@@ -57,6 +57,7 @@ from servelab.machine import describe
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("fp32", "bf16", "int8", "int4-g128", "int4-g32")
 FLAT = 1.25   # a step within this factor of batch 1 counts as flat
+SPLIT_K = 256  # the row-block size tried in the kernel-alone measurements (rows cut into blocks of this many)
 GOALS = (("int8", "fp32", 2.5), ("int8", "bf16", 1.5))
 QUICK_SHAPE = dict(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
                    num_attention_heads=8, num_key_value_heads=4)
@@ -195,6 +196,21 @@ def _isolated(n: int, k: int, cold_bytes: float, rounds: int, calls: int = 20) -
     jobs = {"int8_cold": (lambda i: mm(xb, w8[i % n8], scales), n8 * max(1, calls // n8)),
             "int8_hot": (lambda i: mm(xb, w8[0], scales), calls),
             "fp32_cold": (lambda i: torch.nn.functional.linear(x, w32[i % n32]), n32 * max(1, calls // n32))}
+    parts = k // SPLIT_K if k % SPLIT_K == 0 and k > SPLIT_K else 0
+    if parts:
+        # the same product with every row cut into blocks of SPLIT_K weights, stored block after block:
+        # one kernel call per block and the partial results added (in bf16)
+        blocks = [w.view(n, parts, SPLIT_K).transpose(0, 1).contiguous() for w in w8]
+        xs = xb.view(parts, SPLIT_K)
+
+        def split(i):
+            b = blocks[i % n8]
+            y = mm(xs[0:1], b[0], scales)
+            for j in range(1, parts):
+                y = y + mm(xs[j:j + 1], b[j], scales)
+            return y
+
+        jobs["int8_split_cold"] = (split, n8 * max(1, calls // n8))
     times = {name: [] for name in jobs}
     for fn, count in jobs.values():
         per_call(fn, count)   # warm-up: pages touched, code loaded
@@ -204,7 +220,8 @@ def _isolated(n: int, k: int, cold_bytes: float, rounds: int, calls: int = 20) -
                 times[name].append(per_call(fn, count))
     out = {name: statistics.median(t) for name, t in times.items()}
     cold, hot = out["int8_cold"], out["int8_hot"]
-    return {"int8_cold_ms": cold * 1e3, "int8_hot_ms": hot * 1e3, "fp32_cold_ms": out["fp32_cold"] * 1e3,
+    extra = {"split_k": SPLIT_K, "int8_split_cold_GB_per_s": n * k / out["int8_split_cold"] / 1e9} if parts else {}
+    return {**extra, "int8_cold_ms": cold * 1e3, "int8_hot_ms": hot * 1e3, "fp32_cold_ms": out["fp32_cold"] * 1e3,
             "int8_cold_GB_per_s": n * k / cold / 1e9, "int8_hot_Gweights_per_s": n * k / hot / 1e9,
             "fp32_cold_GB_per_s": 4 * n * k / out["fp32_cold"] / 1e9,
             # if reading and arithmetic did not overlap, cold = hot + read: the read rate that implies
@@ -256,8 +273,15 @@ def where_int8_time_goes(int8_model, fp32_model, context: int, quick: bool) -> d
     dense32 = ops32.get("aten::mm", 0.0) + ops32.get("aten::addmm", 0.0)
     total32 = sum(ops32.values())
     step_s, stub_s = _without_kernels(step8, rounds=3 if quick else 9, repeats=3)
+    # does the kernel's speed depend on the shape? rows of K weights, about the same bytes each time,
+    # and one output count that is not a multiple of the kernel's block of 4 rows
+    weights = 2 ** 20 if quick else 2 ** 22
+    sweep_shapes = [(weights // k, k) for k in ((256, 512, 1024) if quick else (512, 1024, 2048, 4096, 8192))]
+    sweep_shapes.append((weights // 1024 - 2, 1024))
+    by_shape = [{"n": n, "k": k, **_isolated(n, k, 8e6 if quick else 96e6, rounds=3 if quick else 7)}
+                for n, k in sweep_shapes]
     return {"repeats": repeats, "rounds": rounds, "shapes": shapes, "step_with_kernels_ms": step_s * 1e3,
-            "step_without_kernels_ms": stub_s * 1e3, "int8_kernel_ms": kernel, "head_ms": head,
+            "step_without_kernels_ms": stub_s * 1e3, "by_shape": by_shape, "int8_kernel_ms": kernel, "head_ms": head,
             "attention_ms": attention, "other_ops_ms": total8 - kernel - head - attention,
             "profiled_ms": total8, "fp32_matmul_ms": dense32, "fp32_other_ops_ms": total32 - dense32,
             "fp32_profiled_ms": total32}
@@ -422,6 +446,42 @@ def where_markdown(r: dict, w: dict) -> list[str]:
               f"everything else (head, attention, small ops, Python) takes {rest:.1f} ms.",
               f"- With the kernels reading at the fp32 mat-vec's rate shape by shape and the rest as measured, "
               f"the step would be {at_fp32_rate + rest:.1f} ms: {step32 / (at_fp32_rate + rest):.2f}x fp32."]
+    bs = w.get("by_shape")
+    if bs:
+        lines += ["", "The kernel alone (cold) at other shapes of about the same bytes: does its speed depend on the "
+                  "row length K, or on N being a multiple of its block of 4 output rows?", "",
+                  "| N x K | alone cold GB/s | alone hot Gweights/s | fp32 cold GB/s |", "|---|---|---|---|"]
+        for x in bs:
+            lines.append(f"| {x['n']} x {x['k']} | {x['int8_cold_GB_per_s']:.1f} | "
+                         f"{x['int8_hot_Gweights_per_s']:.1f} | {x['fp32_cold_GB_per_s']:.1f} |")
+        even = [x for x in bs if x["n"] % 4 == 0]
+        odd = next((x for x in bs if x["n"] % 4), None)
+        twin = next((x for x in even if odd and x["k"] == odd["k"]), None)
+        slowest = min(even, key=lambda x: x["int8_cold_GB_per_s"])
+        words = ("- Cold rate by row length: " + ", ".join(f"K = {x['k']} {x['int8_cold_GB_per_s']:.1f}"
+                                                         for x in sorted(even, key=lambda x: x["k"]))
+                 + f" GB/s (slowest at K = {slowest['k']})")
+        if odd and twin:
+            words += (f"; N = {odd['n']} (not a multiple of 4) read at {odd['int8_cold_GB_per_s']:.1f} GB/s against "
+                      f"{twin['int8_cold_GB_per_s']:.1f} for N = {twin['n']}")
+        words += (". The benchmark decoder's projections have K = "
+                  + " or ".join(sorted({str(x["k"]) for x in sh}, key=int)) + ", set by its widths")
+        split = [x for x in sh if "int8_split_cold_GB_per_s" in x]
+        if split:
+            gain = [x["int8_split_cold_GB_per_s"] / x["int8_cold_GB_per_s"] for x in split]
+            # the step's kernels with split rows where that was faster, whole rows elsewhere
+            best = sum(x["calls_per_step"] * x["n"] * x["k"]
+                       / (max(x["int8_cold_GB_per_s"], x.get("int8_split_cold_GB_per_s", 0)) * 1e6) for x in sh)
+            whole = sum(x["calls_per_step"] * x["n"] * x["k"] / (x["int8_cold_GB_per_s"] * 1e6) for x in sh)
+            est = step8 - kernel_ms + kernel_ms * best / whole
+            words += (f". Cutting the decoder's rows into blocks of {split[0]['split_k']} (one kernel call per block, "
+                      f"partial results added) changed the cold rate by {min(gain):.2f}-{max(gain):.2f}x at "
+                      + ", ".join(f"{x['n']} x {x['k']}" for x in split)
+                      + f"; with the faster layout per shape the step would be about {est:.1f} ms, "
+                      f"{step32 / est:.2f}x fp32 (servelab.quant keeps whole rows: a layout tuned to one CPU's "
+                      "kernel is not a portable fix)")
+        lines.append("")
+        lines.append(words + ".")
     goal = next((g for g in r["goals"] if g["goal"].endswith("fp32")), None)
     if goal is not None and not goal["met"]:
         target = goal["target"]

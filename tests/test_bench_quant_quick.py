@@ -32,6 +32,7 @@ def test_quant_quick(tmp_path):
     assert all(x["calls_per_step"] == 4 and x["int8_cold_ms"] > 0 and x["fp32_cold_ms"] > 0 for x in w["shapes"])
     assert w["int8_kernel_ms"] > 0 and w["profiled_ms"] >= w["int8_kernel_ms"]
     assert 0 < w["step_without_kernels_ms"] < w["step_with_kernels_ms"]
+    assert len(w["by_shape"]) == 4 and any(x["n"] % 4 for x in w["by_shape"])
     assert all(s["last_flat_batch"] >= 1 for s in r["sweep"].values())
     variants = [q["variant"] for q in r["quality"]]
     assert variants == ["fp32", "bf16", "int8", "int4-g128", "int4-g32", "mxfp4", "nvfp4"]
