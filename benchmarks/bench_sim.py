@@ -137,6 +137,7 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
         data = json.loads(Path(runs_from).read_text())
         fit_runs = [cal.EngineRun.from_dict(d) for d in data["fit"]]
         held = [cal.EngineRun.from_dict(d) for d in data["held_out"]]
+        profile = cal.StepProfile.from_dict(data["profile"]) if data.get("profile") else None
         if "probe" in data:
             probe = cal.EngineRun.from_dict(data["probe"])
         else:  # the file of an older run: the probe was the first fit run
@@ -146,6 +147,10 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
         cal.run_engine(cal.probe_trace(), cal.CONFIGS["base"], label="warm-up", clock=clock)
         probe = cal.run_engine(cal.probe_trace(), cal.CONFIGS["base"], label="probe", clock=clock)
         probe_model = cal.fit_step_model([probe], kind="linear")
+        # the profile: the engine's prompt steps timed on a grid of sizes (the chunk and budget sizes
+        # the scheduler makes, and sizes in between), none of them from a held-out workload
+        print("  profile: prompt steps on a grid of sizes", flush=True)
+        profile = cal.profile_prompt_steps(repeats=3 if quick else 15)
         work = cal.calibration_workloads(probe_model, quick=quick)
         fit_runs, held, earlier = [], [], []
         order = [("fit", n) for n in work["fit"]]
@@ -159,14 +164,25 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
         # compare on the runs as saved (arrival times rounded to the microsecond), so that a refit
         # from the saved file (--runs-from) reproduces this table exactly
         probe, fit_runs, held = (_saved(probe), [_saved(r) for r in fit_runs], [_saved(r) for r in held])
-    model = cal.fit_step_model(fit_runs)
+        profile = cal.StepProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    linear = cal.fit_step_model(fit_runs)
+    model = cal.fit_step_model(fit_runs, profile=profile) if profile is not None else linear
+    linear_rows = []
+    if model is not linear:  # the same runs through the per-kind linear model alone, for comparison
+        for part, runs in (("fit", fit_runs), ("held-out", held)):
+            for r in runs:
+                c = cal.compare(r, linear)
+                linear_rows.append({"set": part, "workload": r.label, "requests": len(r.trace),
+                                    **{f"predicted_{k}": round(v, 5) for k, v in c.predicted.items()},
+                                    **{f"error_{k}": round(v, 4) for k, v in c.errors.items()},
+                                    "worst": round(c.worst, 4)})
     rows = []
     for part, runs in (("fit", fit_runs), ("held-out", held)):
         for r in runs:
             c = cal.compare(r, model)
             scaled = cal.compare(r, model, normalise=True)
             drift = cal.reference_drift(r)
-            band = cal.noise_band(r, model, fit_runs) if isinstance(model, KindStepModel) else {}
+            band = cal.noise_band(r, model, fit_runs) if hasattr(model, "with_noise") else {}
             rows.append({"set": part, "workload": r.label, "requests": len(r.trace),
                          "drift": None if drift is None else round(drift, 3),
                          "attempts": len((r.info or {}).get("drift_attempts") or [1]),
@@ -189,7 +205,28 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
     fit_rep = fit_report(model, fit_shapes, np.concatenate([r.durations for r in fit_runs]))
     held_rep = (fit_report(model, [s for r in held for s in r.shapes], np.concatenate([r.durations for r in held]))
                 if held else None)
-    # prompt-only steps of one whole power-of-two chunk against the rest (matrix sizes that run faster)
+    # prompt-only steps of one whole power-of-two chunk against the rest (matrix sizes that run faster),
+    # by the model without the profile's correction
+    chunk_sizes = _chunk_sizes(linear, fit_runs, held)
+    chunk_sizes_model = _chunk_sizes(model, fit_runs, held) if model is not linear else None
+    info = fit_runs[0].info if fit_runs else {}
+    out = {"model": model.to_dict(), "describe": model.describe(), "rows": rows,
+           "engine_measured_at": {"git_commit": model.meta.get("git_commit"),
+                                  "machine": model.meta.get("machine"),
+                                  "engine_tree": info.get("engine_tree"), "clock": info.get("clock", "wall")},
+           "fit_report": fit_rep, "held_out_report": held_rep, "per_kind": kinds, "chunk_sizes": chunk_sizes,
+           "per_step_median_error": per_step, "speed_ratio": speed}
+    if linear_rows:
+        out.update(linear_rows=linear_rows, linear_describe=linear.describe(),
+                   chunk_sizes_profiled=chunk_sizes_model,
+                   profile={"steps": len(profile.shapes), "git_commit": profile.info.get("git_commit"),
+                            "date": (profile.info.get("machine") or {}).get("date"),
+                            "repeats": profile.info.get("repeats"), "tokens": list(model.tokens),
+                            "factors": [round(f, 4) for f in model.factors]})
+    return out, probe, fit_runs, held, profile
+
+
+def _chunk_sizes(model, fit_runs, held) -> dict:
     pow2, other = [0.0, 0.0, 0], [0.0, 0.0, 0]
     for r in [*fit_runs, *held]:
         for sh, y in zip(r.shapes, r.durations):
@@ -198,15 +235,8 @@ def calibration(quick: bool, runs_from: Path | None, clock: str = "cpu",
                 acc[0] += model.step_s(sh)
                 acc[1] += float(y)
                 acc[2] += 1
-    chunk_sizes = {"pow2_steps": pow2[2], "pow2_ratio": round(pow2[0] / pow2[1], 3) if pow2[1] else None,
-                   "other_steps": other[2], "other_ratio": round(other[0] / other[1], 3) if other[1] else None}
-    info = fit_runs[0].info if fit_runs else {}
-    return {"model": model.to_dict(), "describe": model.describe(), "rows": rows,
-            "engine_measured_at": {"git_commit": model.meta.get("git_commit"),
-                                   "machine": model.meta.get("machine"),
-                                   "engine_tree": info.get("engine_tree"), "clock": info.get("clock", "wall")},
-            "fit_report": fit_rep, "held_out_report": held_rep, "per_kind": kinds, "chunk_sizes": chunk_sizes,
-            "per_step_median_error": per_step, "speed_ratio": speed}, probe, fit_runs, held
+    return {"pow2_steps": pow2[2], "pow2_ratio": round(pow2[0] / pow2[1], 3) if pow2[1] else None,
+            "other_steps": other[2], "other_ratio": round(other[0] / other[1], 3) if other[1] else None}
 
 
 def write_md(out: Path, res: dict) -> None:
@@ -306,6 +336,28 @@ def calibration_md(cal_res: dict) -> list:
     lines += ["", f"Held-out workloads within 10% on all four percentiles: {within} of {len(held)}; "
               f"held-out percentiles within 10%: {len(cells) - len(bad)} of {len(cells)}; "
               f"worst held-out error {worst:.1%}.", ""]
+    lin = cal_res.get("linear_rows") or []
+    if lin:
+        pr = cal_res.get("profile") or {}
+        lh = [r for r in lin if r["set"] == "held-out"]
+        lcells = [abs(r[f"error_{k}"]) for r in lh for k in cal.METRICS]
+        lines += [f"The profile: {pr.get('steps')} prompt-only steps timed at commit {pr.get('git_commit')} "
+                  f"({pr.get('date')}), {pr.get('repeats')} per size, sizes in a fresh random order each round, "
+                  "before any workload ran; a chunk size's factor is the median of its measured over the linear "
+                  "model's predicted time, over the mean of the same for the sizes one token below and above "
+                  "(the sweep's machine speed cancels); every other size keeps the linear model. "
+                  "No held-out run enters the fit or the profile.", "",
+                  "The same runs through the per-kind linear model alone (format 2, no profile): "
+                  f"held-out percentiles within 10%: {sum(e <= 0.10 for e in lcells)} of {len(lcells)}, worst "
+                  f"held-out error {max(lcells):.1%}.", "",
+                  "| set | workload | TTFT p50 err | TTFT p95 err | TPOT p50 err | TPOT p95 err | worst "
+                  "(linear) | worst (profiled) |", "|---|---|---|---|---|---|---|---|"]
+        prof = {(r["set"], r["workload"]): r["worst"] for r in cal_res["rows"]}
+        for r in lin:
+            lines.append(f"| {r['set']} | {r['workload']} | "
+                         + " | ".join(f"{r[f'error_{k}']:+.1%}" for k in cal.METRICS)
+                         + f" | {r['worst']:.1%} | {prof.get((r['set'], r['workload']), float('nan')):.1%} |")
+        lines.append("")
     hist = cal_res.get("history") or []
     if hist:
         lines += ["Earlier runs of this check (held-out percentiles within 10%, worst error): " + "; ".join(
@@ -336,7 +388,10 @@ def calibration_md(cal_res: dict) -> list:
                      f"({cs['other_steps']:,}) at {cs['other_ratio']:.2f}x"
                      + (": matrices of those sizes run faster than the line through the others, and a chunked "
                         "workload is made of them." if cs["pow2_ratio"] > cs["other_ratio"] + 0.03 else
-                        ": those sizes are no cheaper than the line says."))
+                        ": those sizes are no cheaper than the line says.")
+                     + (f" Those ratios are the linear model's; with the profile's correction the same steps are "
+                        f"predicted at {cs2['pow2_ratio']:.2f}x and {cs2['other_ratio']:.2f}x."
+                        if (cs2 := cal_res.get("chunk_sizes_profiled")) and cs2.get("pow2_ratio") else ""))
     where.append("A percentile misses when the steps that set it are mispredicted: TTFT p95 sits in the queue's "
                  "tail, where a small error in the service rate is multiplied; TPOT p95 belongs to requests "
                  "with few output tokens whose gaps are mostly the mixed steps they shared with prompts; "
@@ -382,13 +437,15 @@ def main(argv=None) -> int:
             print(f"no saved runs at {runs_from}; skipping calibration", flush=True)
         else:
             print("calibration ...", flush=True)
-            res["calibration"], probe, fit_runs, held = calibration(a.quick, runs_from, a.clock, a.attempts)
+            res["calibration"], probe, fit_runs, held, profile = calibration(a.quick, runs_from, a.clock,
+                                                                             a.attempts)
             data_dir = Path(a.data_dir) if a.data_dir else RUNS_PATH.parent
             if runs_from is None:  # a fresh measurement: keep it for the tests and chapters
                 data_dir.mkdir(parents=True, exist_ok=True)
                 (data_dir / RUNS_PATH.name).write_text(json.dumps({"probe": probe.to_dict(),
                                                                    "fit": [r.to_dict() for r in fit_runs],
-                                                                   "held_out": [r.to_dict() for r in held]}) + "\n")
+                                                                   "held_out": [r.to_dict() for r in held],
+                                                                   "profile": profile.to_dict()}) + "\n")
             if not a.quick:  # the fitted model the CLI's check uses
                 cal.save_step_model(cal.step_model_from_dict(res["calibration"]["model"]),
                                     data_dir / cal.DEFAULT_STEP_MODEL.name)

@@ -6,7 +6,8 @@
         The engine's steps are timed by their CPU time on a virtual clock (``--clock wall``:
         in real time, a busy machine's stalls included).
     python -m servelab.sim calibrate [--model DIR] [--out data/sim/step_model.json] [--quick]
-        refit the step model on this machine (a probe burst, then the fit workloads) and save it.
+        refit the step model on this machine (a probe burst, a profile of prompt steps at the
+        chunk sizes, then the fit workloads) and save it.
     python -m servelab.sim run --rate 8 --n 100000 [--tier small] [--seats 64]
         simulate a synthetic stream on a registry chip (roofline step model) and print percentiles.
 """
@@ -62,11 +63,13 @@ def cmd_calibrate(a) -> int:
     calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="warm-up", clock=a.clock)
     probe = calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="probe", clock=a.clock)
     probe_model = calibrate.fit_step_model([probe], kind="linear")  # sets the workloads' rates only
+    print("profile: the engine's prompt steps at the chunk sizes and their neighbours ...", flush=True)
+    profile = calibrate.profile_prompt_steps(repeats=3 if a.quick else 15, model_dir=a.model)
     runs = []
     for name, (trace, c) in calibrate.calibration_workloads(probe_model, quick=a.quick)["fit"].items():
         print(f"fit workload {name!r}: {len(trace)} requests at {trace.rate:.2f}/s ...", flush=True)
         runs.append(calibrate.run_engine(trace, c, model_dir=a.model, label=name, clock=a.clock))
-    model = calibrate.fit_step_model(runs)
+    model = calibrate.fit_step_model(runs, profile=profile)
     path = calibrate.save_step_model(model, a.out)
     print(f"step model: {model.describe()}")
     print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps"

@@ -11,6 +11,9 @@
 2. :func:`fit_step_model` fits a step model
    (:class:`~servelab.sim.step_model.KindStepModel`: one linear model per step
    kind) to the recorded steps of some runs.
+   With a :class:`StepProfile` (:func:`profile_prompt_steps`: the engine's
+   prompt steps timed on a grid of sizes) it adds a per-size correction
+   (:class:`~servelab.sim.step_model.ProfiledStepModel`).
 3. :func:`compare` simulates the same trace with the fitted model and prints
    measured vs predicted TTFT and TPOT percentiles with each error.
 
@@ -36,14 +39,14 @@ import numpy as np
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import plan_shape, trace_prompts
-from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, fit_by_kind, fit_linear,
-                                     fit_report, step_model_from_dict)
+from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, fit_by_kind,
+                                     fit_linear, fit_profiled, fit_report, step_model_from_dict)
 from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
            "probe_trace", "rate_for_busy", "reference_work", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
-           "long_prompt_interference"]
+           "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
@@ -382,15 +385,122 @@ def _fit_meta(runs) -> dict:
     return meta
 
 
+@dataclass
+class StepProfile:
+    """The engine's prompt steps timed on a grid of sizes (:func:`profile_prompt_steps`)."""
+
+    shapes: list[StepShape]
+    durations: np.ndarray
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"shapes": [list(s) for s in self.shapes], "durations": np.round(self.durations, 7).tolist(),
+                "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepProfile":
+        if not isinstance(d, dict) or "shapes" not in d or "durations" not in d:
+            raise ValueError("a saved step profile is an object with 'shapes' and 'durations'")
+        return cls([StepShape(*s) for s in d["shapes"]], np.array(d["durations"], dtype=float), d.get("info", {}))
+
+
+#: The replica the profile runs on: the calibration's, with a budget that holds a 513-token step.
+PROFILE_CONFIG = ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=1024, num_kv_blocks=1024)
+
+
+def profile_prompt_steps(tokens=PROFILE_TOKENS, repeats: int = 15, config: ReplicaConfig | None = None, *,
+                         model_dir=None, llm=None, seed: int = 0, threads: int | None = 1) -> StepProfile:
+    """Time the engine's prompt steps at every size in ``tokens`` (prompt tokens in one step),
+    ``repeats`` times each, the sizes in a fresh random order every round (a drift of the machine's
+    speed falls on every size alike). Each step is one fresh prompt of that many random tokens (no
+    prefix-cache hit, nothing else in the batch), timed like :func:`run_engine`'s: the CPU time of
+    the thread, garbage collector off. Returns every timing with the step's shape from the
+    scheduler's plan."""
+    import gc
+
+    import torch
+
+    from servelab.sampling import SamplingParams
+    sizes = [int(t) for t in tokens]
+    if not sizes or any(t < 1 for t in sizes):
+        raise ValueError(f"tokens must be positive prompt-token counts, got {tokens!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
+    cfg = config or PROFILE_CONFIG
+    if max(sizes) > cfg.max_num_batched_tokens:
+        raise ValueError(f"a {max(sizes)}-token step does not fit the step budget "
+                         f"({cfg.max_num_batched_tokens} tokens): lower the sizes or raise the budget")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if llm is None:
+        llm = build_llm(cfg, model_dir, seed)
+    engine = llm.engine
+    vocab = llm.model.config.vocab_size - 8
+    rng = np.random.default_rng([seed, 4243])
+    sp = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
+    plans = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    prefault(llm)
+    shapes, durs = [], []
+    # an untimed round first: every size's kernels warmed up once
+    order = [[int(t) for t in rng.permutation(sizes)] for _ in range(repeats + 1)]
+    engine.scheduler.schedule = recording_schedule
+    gc.collect()
+    gc.disable()
+    try:
+        for rnd, sizes_now in enumerate(order):
+            for k, n in enumerate(sizes_now):
+                engine.add_request(f"profile-{rnd}-{k}", rng.integers(0, vocab, n).tolist(), sp)
+                c0 = time.thread_time()
+                engine.step()
+                dt = time.thread_time() - c0
+                plan = plans[-1]
+                while engine.has_unfinished_requests():
+                    engine.step()
+                shape = plan_shape(plan)
+                if rnd and shape.prefill_tokens == n and not shape.decode_rows:
+                    shapes.append(shape)
+                    durs.append(dt)
+    finally:
+        engine.scheduler.schedule = schedule
+        gc.enable()
+    from servelab import machine
+    info = {"machine": machine.describe(), "git_commit": git_commit(), "engine_tree": engine_tree_state(),
+            "repeats": repeats, "tokens": sizes, "config": cfg.__dict__}
+    return StepProfile(shapes, np.array(durs), info)
+
+
 def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs",
-                                   "prefill_seqs"), bins=ROW_BINS, kind: str = "by_kind"):
+                                   "prefill_seqs"), bins=ROW_BINS, kind: str = "by_kind",
+                   profile: StepProfile | None = None):
     """Fit a step model to every recorded step of ``runs``.
 
     ``kind="by_kind"`` (default): :func:`~servelab.sim.step_model.fit_by_kind`, a
     linear model per step kind (``features`` and ``bins`` are then unused).
     ``kind="linear"``: one :class:`LinearStepModel` over all steps with
     ``features`` and an offset per row-count bin (the model before format 2).
+    ``profile`` (a :class:`StepProfile`, with ``kind="by_kind"``): correct the
+    fitted model's prompt steps per size by it
+    (:class:`~servelab.sim.step_model.ProfiledStepModel`, format 3).
     """
+    if profile is not None:
+        if kind != "by_kind":
+            raise ValueError("a profile corrects the per-kind model: use kind='by_kind'")
+        if not isinstance(profile, StepProfile):
+            raise TypeError(f"profile must be a StepProfile, got {type(profile).__name__}")
+        base = fit_step_model(runs, features, bins, kind)
+        if not isinstance(base, KindStepModel):
+            return base  # too few steps for a per-kind fit: nothing for the profile to correct
+        meta = dict(base.meta)
+        if profile.info.get("git_commit"):
+            meta["profile_git_commit"] = profile.info["git_commit"]
+        return fit_profiled(base, profile.shapes, profile.durations, meta=meta)
     shapes = [s for r in runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in runs]) if runs else np.zeros(0)
     meta = _fit_meta(runs)
