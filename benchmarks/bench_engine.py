@@ -587,7 +587,7 @@ def main(argv=None):
     parts = run_parts([n for n in names if n not in reused], args.quick, args.jobs, log)
     parts.update(reused)
     r["parts"] = {n: {k: parts[n][k] for k in ("seconds", "load_average_1min_start", "load_average_1min_end",
-                                               "reused_from") if k in parts[n]} for n in names}
+                                               "reused_from", "remeasured") if k in parts[n]} for n in names}
     r["seat_sweep"] = [parts[f"sweep:{k}"]["row"] for k in cfg["sweep"]]
     add_wave_model(r)
     headline = parts[f"sweep:{cfg['seats']}"]
@@ -659,6 +659,7 @@ def report(r) -> str:
         f"at once (each builds the same model and workload; ratios compare CPU-seconds): "
         + ", ".join(f"{n} {v['seconds']} s" + (f" (taken from an earlier run: {v['reused_from']})"
                                                  if "reused_from" in v else "")
+                    + (f" ({v['remeasured']})" if "remeasured" in v else "")
                     for n, v in r["parts"].items()) + ".",
         "Command: `.venv/bin/python benchmarks/bench_engine.py" + (" --quick" if r["quick"] else "")
         + (f" --jobs {r['jobs']}" if r.get("jobs", 1) > 1 else "")
