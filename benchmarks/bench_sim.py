@@ -388,7 +388,7 @@ def calibration_md(cal_res: dict) -> list:
                      f"({cs['other_steps']:,}) at {cs['other_ratio']:.2f}x"
                      + (": matrices of those sizes run faster than the line through the others, and a chunked "
                         "workload is made of them." if cs["pow2_ratio"] > cs["other_ratio"] + 0.03 else
-                        ": those sizes are no cheaper than the line says.")
+                        f": the two differ by {abs(cs['pow2_ratio'] - cs['other_ratio']):.0%} or less in these runs.")
                      + (f" Those ratios are the linear model's; with the profile's correction the same steps are "
                         f"predicted at {cs2['pow2_ratio']:.2f}x and {cs2['other_ratio']:.2f}x."
                         if (cs2 := cal_res.get("chunk_sizes_profiled")) and cs2.get("pow2_ratio") else ""))
