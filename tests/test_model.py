@@ -409,3 +409,23 @@ def test_the_one_parameter_counter_matches_tensors_with_biases(attention_bias, m
                       mlp_bias=mlp_bias, tie_word_embeddings=tied)
     real = LlamaModel(cfg).num_parameters()
     assert arith.count_params(cfg).total == real == count_parameters_from_config(cfg)["total"]
+
+
+def test_fuse_projections_keeps_a_quantized_fusion():
+    """LLM(quantization="int8") quantizes (fusing int8 Q/K/V and gate/up), then the
+    runner calls fuse_projections: the int8 groups must stay fused, not be dropped."""
+    from servelab import quant
+    model = LlamaModel(LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2)).init_weights(seed=0).eval()
+    quant.quantize_model(model.to(torch.bfloat16), "int8")
+    fused = [(l.self_attn.fused_qkv, l.mlp.fused_gate_up) for l in model.layers]
+    model.fuse_projections(column_major=True)
+    for layer, (qkv, gu) in zip(model.layers, fused):
+        assert layer.self_attn.fused_qkv is qkv and layer.mlp.fused_gate_up is gu
+        assert isinstance(qkv, quant.FusedQuantizedLinears)
+    # a fusion that no longer holds the layer's modules is dropped, never used stale
+    layer = model.layers[0]
+    layer.self_attn.q_proj = torch.nn.Identity()
+    layer.self_attn.fuse(column_major=True)
+    assert layer.self_attn.fused_qkv is None

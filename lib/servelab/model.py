@@ -192,6 +192,17 @@ def fusable(linears) -> bool:
             and len({l.bias is None for l in linears}) == 1)
 
 
+def _refused(current, linears, column_major: bool):
+    """The fusion a ``fuse()`` call leaves: a new :class:`FusedLinears` for plain
+    linears; for other modules (quantized ones), the group's existing fusion if it
+    still holds these very modules (a quantized fusion made by ``servelab.quant``),
+    else none."""
+    if fusable(linears):
+        return FusedLinears(linears, column_major)
+    keep = current is not None and not isinstance(current, FusedLinears)
+    return current if keep and current.is_current(linears) else None
+
+
 def _fused_output(owner: nn.Module, attr: str, linears, x):
     """The fused group's whole output ``[..., sum(out)]`` in one matmul, or None when
     the group is not a :class:`FusedLinears` (or training): then call :func:`_apply_linears`."""
@@ -356,7 +367,7 @@ class Attention(nn.Module):
         """Store Q, K and V as one matrix and project with one matmul at inference
         (left unfused if a projection is not a plain ``nn.Linear``)."""
         linears = [self.q_proj, self.k_proj, self.v_proj]
-        self.fused_qkv = FusedLinears(linears, column_major) if fusable(linears) else None
+        self.fused_qkv = _refused(self.fused_qkv, linears, column_major)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Q, K, V for ``x [batch, time, hidden]``, RoPE already applied to Q and K.
@@ -448,7 +459,7 @@ class MLP(nn.Module):
         """Store gate and up as one matrix and multiply once at inference
         (left unfused if either is not a plain ``nn.Linear``)."""
         linears = [self.gate_proj, self.up_proj]
-        self.fused_gate_up = FusedLinears(linears, column_major) if fusable(linears) else None
+        self.fused_gate_up = _refused(self.fused_gate_up, linears, column_major)
 
     def forward(self, x):
         gate, up = _apply_linears(self, "fused_gate_up", (self.gate_proj, self.up_proj), x)
