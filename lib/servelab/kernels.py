@@ -59,6 +59,9 @@ H100_L1_SMEM_PER_SM = 256 * 1024
 H100_SMEM_PER_SM = 228 * 1024
 #: Register file per SM: 65,536 32-bit registers = 256 KB. Source: the H100 whitepaper's SM table.
 H100_REGISTERS_PER_SM = 256 * 1024
+#: Most 32-bit registers one thread may use: 255 (compute capability 9.0). Source: CUDA C++
+#: Programming Guide, "Technical Specifications per Compute Capability" table.
+H100_MAX_REGISTERS_PER_THREAD = 255
 
 
 def _sync(device) -> None:
