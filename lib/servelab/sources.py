@@ -53,7 +53,7 @@ _PAGED = ("Woosuk Kwon et al., \"Efficient Memory Management for Large Language 
           "https://arxiv.org/abs/2309.06180")
 _DGX_B200 = ("NVIDIA DGX B200 datasheet", "https://www.nvidia.com/en-us/data-center/dgx-b200/")
 _H100 = ("NVIDIA H100 Tensor Core GPU datasheet", "https://www.nvidia.com/en-us/data-center/h100/")
-_NVL72 = ("NVIDIA GB200 NVL72 product page", "https://www.nvidia.com/en-us/data-center/gb200-nvl72/")
+_NVL72 = ("NVIDIA GB200 NVL72 product page (specifications, with an HGX B200 column)", "https://www.nvidia.com/en-us/data-center/gb200-nvl72/")
 _GPT4O = ("OpenAI, \"Hello GPT-4o\" (2024), language tokenization table",
           "https://openai.com/index/hello-gpt-4o/")
 _OPENAI_TOKENS = ("OpenAI Help Center, \"What are tokens and how to count them?\"",
@@ -98,8 +98,11 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "KV-cache memory wasted under PagedAttention (an upper bound: 'under 4%')", _PAGED),
     # Chips and links
     _s("b200_dense_fp8_flops", 4.5e15, "FLOP/s",
-       "B200 dense fp8 rate per GPU (DGX B200: 72 PFLOPS fp8 training over 8 GPUs)", _DGX_B200),
-    _s("b200_dense_bf16_flops", 2.25e15, "FLOP/s", "B200 dense bf16 rate per GPU", _DGX_B200),
+       "B200 dense fp8 rate per GPU (the HGX B200 column lists 9 PFLOPS fp8 per GPU with "
+       "2:4 sparsity; dense is half)", _NVL72),
+    _s("b200_dense_bf16_flops", 2.25e15, "FLOP/s",
+       "B200 dense bf16 rate per GPU (the HGX B200 column lists 4.5 PFLOPS FP16/BF16 per "
+       "GPU with 2:4 sparsity; dense is half)", _NVL72),
     _s("b200_hbm_bandwidth", 8e12, "bytes/s",
        "B200 HBM bandwidth per GPU (64 TB/s over 8 GPUs)", _DGX_B200),
     _s("b200_usable_memory", 180e9, "bytes",

@@ -409,8 +409,10 @@ B200 = _register_chip(Chip(
     flops={"fp32": 75 * TFLOPS, "bf16": 2.25 * PFLOPS, "fp16": 2.25 * PFLOPS,
            "fp8": 4.5 * PFLOPS, "fp4": 9 * PFLOPS},
     interconnect_bandwidth=1800 * GB,
-    source="NVIDIA DGX B200 datasheet (1,440 GB over 8 GPUs = 180 GB usable each; dense "
-           "rates): https://www.nvidia.com/en-us/data-center/dgx-b200/"))
+    source="NVIDIA DGX B200 datasheet (1,440 GB over 8 GPUs = 180 GB usable each): "
+           "https://www.nvidia.com/en-us/data-center/dgx-b200/; rates per GPU from the HGX "
+           "B200 column of the GB200 NVL72 specifications (listed with 2:4 sparsity; dense, "
+           "half, here): https://www.nvidia.com/en-us/data-center/gb200-nvl72/"))
 
 A100_80GB = _register_chip(Chip(
     name="A100 80GB", memory_bytes=80 * GB, hbm_bandwidth=2.039 * TB,
