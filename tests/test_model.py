@@ -429,3 +429,19 @@ def test_fuse_projections_keeps_a_quantized_fusion():
     layer.self_attn.q_proj = torch.nn.Identity()
     layer.self_attn.fuse(column_major=True)
     assert layer.self_attn.fused_qkv is None
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32", "mxfp4"])
+def test_a_model_in_the_serving_layout_can_still_be_quantized(scheme):
+    """The engine stores weights column-major (fuse_projections(column_major=True));
+    quantizing such a model afterwards must give the same codes as the plain layout."""
+    from servelab import quant
+    cfg = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    plain = LlamaModel(cfg).init_weights(seed=0).eval()
+    served = LlamaModel(cfg).init_weights(seed=0).eval().fuse_projections(column_major=True)
+    w_plain = plain.layers[0].mlp.down_proj.weight
+    w_served = served.layers[0].mlp.down_proj.weight
+    assert not w_served.is_contiguous() and torch.equal(w_plain, w_served)
+    a, b = quant.quantize_weight(w_plain, scheme), quant.quantize_weight(w_served, scheme)
+    assert torch.equal(a["codes"], b["codes"]) and torch.equal(a["scales"], b["scales"])
