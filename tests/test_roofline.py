@@ -362,3 +362,18 @@ def test_bandwidth_and_matmul_on_cuda():
     model = rl.build_sweep_model(TINY, "bf16", device="cuda")
     rows = rl.measure_decode(model, batches=(1,), repeats=1)
     assert rows[0]["seconds"] > 0 and next(model.parameters()).device.type == "cuda"
+
+
+def test_compute_knee_counts_cache_reads_and_matches_a_search():
+    from servelab.roofline import EXAMPLE_REPLICA as R
+
+    def search(ctx):
+        return next((b for b in range(1, 100_000)
+                     if R.compute_seconds(b) > R.memory_seconds(b, ctx)), None)
+
+    for ctx in (1, 100, 1_000, 2_000, 4_000):
+        assert R.compute_knee(ctx) == search(ctx)
+    assert R.compute_knee(1_000) > R.balance_batch      # cache reads push it right
+    assert R.compute_knee(8_000) is None and R.compute_knee(32_000) is None
+    with pytest.raises(ValueError):
+        R.compute_knee(0)

@@ -316,6 +316,28 @@ class Replica:
         """
         return self.overhead_s + max(self.memory_seconds(batch, context_tokens), self.compute_seconds(batch))
 
+    def compute_knee(self, context_tokens: int) -> int | None:
+        """The first batch whose arithmetic outlasts its memory reads at ``context_tokens``.
+
+        Unlike :attr:`balance_batch` (weights only), each person's cache read is
+        counted, so the knee lands right of the balance batch and moves away as
+        contexts grow; ``None`` when the cache reads grow at least as fast as the
+        arithmetic, so memory always wins. Whether that many caches fit is a
+        separate question: compare with :meth:`people`.
+        """
+        _check_count("context_tokens", context_tokens)
+        bw = self.bandwidth * self.bandwidth_efficiency
+        per_person = (2.0 * self.num_params / (self.peak_ops * self.compute_efficiency)
+                      - self.kv_bytes_per_token * context_tokens / bw)
+        if per_person <= 0:
+            return None
+        b = max(1, int(self.weights_bytes / bw / per_person))
+        while b > 1 and self.compute_seconds(b - 1) > self.memory_seconds(b - 1, context_tokens):
+            b -= 1  # float rounding of the closed form, either way
+        while self.compute_seconds(b) <= self.memory_seconds(b, context_tokens):
+            b += 1
+        return b
+
     def per_person_tokens_per_s(self, batch: int, context_tokens: int) -> float:
         return per_person_tokens_per_s(self.step_seconds(batch, context_tokens))
 
