@@ -31,6 +31,7 @@ import json
 import math
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,30 @@ class EngineRun:
                    d.get("label", ""), d.get("info", {}))
 
 
+
+@contextmanager
+def _recording_plans(engine):
+    """Every plan the engine's scheduler makes inside the block, in order, with the
+    garbage collector off (a collection inside a timed step would be charged to it);
+    the scheduler and the collector are restored on the way out."""
+    import gc
+    plans = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    gc.collect()
+    gc.disable()
+    try:
+        yield plans
+    finally:
+        engine.scheduler.schedule = schedule
+        gc.enable()
+
 def build_llm(config: ReplicaConfig | None = None, model_dir=None, seed: int = 0):
     """The real engine (:class:`servelab.engine.LLM`) set up like ``config``'s replica.
 
@@ -135,8 +160,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     so a run can show whether the machine's speed drifted while it ran
     (neighbours sharing the core's caches slow even the CPU time). 0: never.
     """
-    import gc
-
     import torch
 
     from servelab.sampling import SamplingParams
@@ -170,13 +193,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     refs: list[float] = []
 
     shapes: list[StepShape] = []
-    plans = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule():
-        plan = schedule()
-        plans.append(plan)
-        return plan
 
     n = len(trace)
     arrival = trace.arrival_s.tolist()
@@ -188,10 +204,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     done = 0
     starts, ends = [], []
     nxt = 0
-    gc.collect()
-    gc.disable()
-    engine.scheduler.schedule = recording_schedule
-    try:
+    with _recording_plans(engine) as plans:
         if clock == "cpu":
             # the virtual clock: arrivals at their trace times, each step advancing it by its CPU time
             vt = 0.0
@@ -256,9 +269,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                 gap = starts[k + 1] - ends[k]
                 if gap < 0.5 * durations[k]:  # no sleep in between: charge the loop's own work to this step
                     durations[k] = starts[k + 1] - starts[k]
-    finally:
-        engine.scheduler.schedule = schedule
-        gc.enable()
     arr = trace.arrival_s
     ttft = np.array(first) - arr
     e2e = np.array(last) - arr
@@ -416,8 +426,6 @@ def profile_prompt_steps(tokens=PROFILE_TOKENS, repeats: int = 15, config: Repli
     prefix-cache hit, nothing else in the batch), timed like :func:`run_engine`'s: the CPU time of
     the thread, garbage collector off. Returns every timing with the step's shape from the
     scheduler's plan."""
-    import gc
-
     import torch
 
     from servelab.sampling import SamplingParams
@@ -438,22 +446,12 @@ def profile_prompt_steps(tokens=PROFILE_TOKENS, repeats: int = 15, config: Repli
     vocab = llm.model.config.vocab_size - 8
     rng = np.random.default_rng([seed, 4243])
     sp = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
-    plans = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule():
-        plan = schedule()
-        plans.append(plan)
-        return plan
 
     prefault(llm)
     shapes, durs = [], []
     # an untimed round first: every size's kernels warmed up once
     order = [[int(t) for t in rng.permutation(sizes)] for _ in range(repeats + 1)]
-    engine.scheduler.schedule = recording_schedule
-    gc.collect()
-    gc.disable()
-    try:
+    with _recording_plans(engine) as plans:
         for rnd, sizes_now in enumerate(order):
             for k, n in enumerate(sizes_now):
                 engine.add_request(f"profile-{rnd}-{k}", rng.integers(0, vocab, n).tolist(), sp)
@@ -467,9 +465,6 @@ def profile_prompt_steps(tokens=PROFILE_TOKENS, repeats: int = 15, config: Repli
                 if rnd and shape.prefill_tokens == n and not shape.decode_rows:
                     shapes.append(shape)
                     durs.append(dt)
-    finally:
-        engine.scheduler.schedule = schedule
-        gc.enable()
     from servelab import machine
     info = {"machine": machine.describe(), "git_commit": git_commit(), "engine_tree": engine_tree_state(),
             "repeats": repeats, "tokens": sizes, "config": cfg.__dict__}
