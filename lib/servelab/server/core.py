@@ -187,13 +187,7 @@ class EngineCore(EngineLoop):
             if self._eof:
                 self._stop.set()
             if self._stop.is_set():  # end whatever is left, tell the API side, leave
-                for rid in list(self._tracked):
-                    try:
-                        engine.abort_request(rid)
-                    except Exception:  # noqa: BLE001
-                        pass
-                    self._fail(rid, 503, "the server shut down before this request finished; "
-                                         "retry it", "shutting_down")
+                self._abort_all(engine)
                 if not self._eof:
                     self._flush()
                     self._send_frame(("bye",))

@@ -144,6 +144,16 @@ class EngineLoop:
         if t is not None:
             self._send(t, Event("error", status=status, message=message, code=code))
 
+    def _abort_all(self, engine) -> None:
+        """End every request still tracked: aborted in the engine, a 503 to its client."""
+        for rid in list(self._tracked):
+            try:
+                engine.abort_request(rid)
+            except Exception:  # noqa: BLE001 - shutting down: the client hears either way
+                pass
+            self._fail(rid, 503, "the server shut down before this request finished; "
+                                 "retry it", "shutting_down")
+
     def _dry_run(self, sp) -> None:
         """Sample once from a made-up row with these settings, so that settings the
         sampler cannot handle fail this request alone, before it joins a batch."""
@@ -255,13 +265,7 @@ class EngineLoop:
                     except queue.Empty:
                         cmd = None
                 if self._stop.is_set():  # grace is over: abort whatever is left
-                    for rid in list(self._tracked):
-                        try:
-                            engine.abort_request(rid)
-                        except Exception:  # noqa: BLE001
-                            pass
-                        self._fail(rid, 503, "the server shut down before this request finished; "
-                                             "retry it", "shutting_down")
+                    self._abort_all(engine)
                 if engine.has_unfinished_requests():
                     self._step()
                 self._publish()
