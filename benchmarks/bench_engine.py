@@ -69,7 +69,7 @@ FULL = dict(requests=128, seats=64, sweep=(16, 64), workload=dict(prompt_max=512
 QUICK = dict(requests=12, seats=4, sweep=(2, 4),
              workload=dict(prompt_median=16, prompt_max=64, output_mean=8, output_cap=24),
              tight_blocks=24, base_rounds=1, batch_one=dict(prompt_len=8, new_tokens=8, repeats=1),
-             prefix=dict(preamble_len=64, question_len=8, repeats=2))
+             prefix=dict(preamble_len=64, question_len=24, repeats=2))  # a full question block
 
 POLICIES = {  # name -> (engine class, keyword arguments, what the row is)
     "static_padded": (StaticBatchEngine, {"padded": True},
@@ -331,16 +331,21 @@ def step_profile(model, quick: bool, repeats: int = 3) -> dict:
 
 
 def prefix_lab(model, preamble_len=1200, question_len=24, repeats=5):
-    """First-token time with a cached preamble vs the same preamble, one token changed."""
+    """First-token time with a cached preamble vs the same preamble, one token changed.
+
+    Every repeat asks a fresh question of the same length (the first one is the question
+    chapter 13's live run asks), so every cached repeat hits exactly the preamble: with one
+    question reused, its first full block would be cached by the first repeat and hit by
+    the later ones, mixing two cases in the median."""
     g = torch.Generator().manual_seed(0)
     preamble = torch.randint(0, 4000, (preamble_len,), generator=g).tolist()
-    question = torch.randint(0, 4000, (question_len,), generator=g).tolist()
+    questions = [torch.randint(0, 4000, (question_len,), generator=g).tolist() for _ in range(repeats)]
     eng = LLMEngine.from_model(model, block_size=16, num_kv_blocks=1024, max_num_seqs=4,
                                max_num_batched_tokens=2048)
     eng.add_request("warm", preamble + [1, 2, 3], params(1))
     eng.run_to_completion()
     cached, edited = [], []
-    for k in range(repeats):
+    for k, question in enumerate(questions):
         for label, prompt, bucket in (
                 ("cached", preamble + question, cached),
                 ("edited", [(preamble[0] + 1 + k) % 4000] + preamble[1:] + question, edited)):
@@ -357,7 +362,7 @@ def prefix_lab(model, preamble_len=1200, question_len=24, repeats=5):
             "cached_tokens_hit_each": [h for _, h in cached], "edited_tokens_hit_each": [h for _, h in edited],
             "cached_ttft_ms_each": [round(t * 1e3, 2) for t, _ in cached],
             "edited_ttft_ms_each": [round(t * 1e3, 2) for t, _ in edited],
-            "timing": f"median of {repeats}"}
+            "timing": f"median of {repeats}, a fresh {question_len}-token question each repeat"}
 
 
 def published() -> dict:
@@ -428,7 +433,8 @@ def run_part(name: str, quick: bool) -> dict:
     and workload; ratios are only ever taken within a part or over CPU-seconds."""
     cfg, shape, model, workload = setup(quick)
     seats, ample, started = cfg["seats"], AMPLE_BLOCKS[quick], time.perf_counter()
-    out: dict = {"part": name, "load_average_1min_start": round(os.getloadavg()[0], 2)}
+    out: dict = {"part": name, "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+                 "load_average_1min_start": round(os.getloadavg()[0], 2)}
     if name.startswith("sweep:"):
         k = int(name.split(":")[1])
         row = {"seats": k, "expected_longest_over_mean": round(expected_longest(k), 2)}
@@ -586,8 +592,8 @@ def main(argv=None):
     reused = reuse_parts(args.reuse, args.reuse_parts, names, r) if args.reuse else {}
     parts = run_parts([n for n in names if n not in reused], args.quick, args.jobs, log)
     parts.update(reused)
-    r["parts"] = {n: {k: parts[n][k] for k in ("seconds", "load_average_1min_start", "load_average_1min_end",
-                                               "reused_from", "remeasured") if k in parts[n]} for n in names}
+    kept = ("started", "seconds", "load_average_1min_start", "load_average_1min_end", "reused_from", "remeasured")
+    r["parts"] = {n: {k: parts[n][k] for k in kept if k in parts[n]} for n in names}
     r["seat_sweep"] = [parts[f"sweep:{k}"]["row"] for k in cfg["sweep"]]
     add_wave_model(r)
     headline = parts[f"sweep:{cfg['seats']}"]
@@ -657,8 +663,10 @@ def report(r) -> str:
         f"{m.get('load_average_1min_end')} at the end, on {m.get('logical_cpus')} logical CPUs shared with "
         f"other work. Whole run: {r['run_seconds']:,} s, its independent parts in {r['jobs']} process(es) "
         f"at once (each builds the same model and workload; ratios compare CPU-seconds): "
-        + ", ".join(f"{n} {v['seconds']} s" + (f" (taken from an earlier run: {v['reused_from']})"
-                                                 if "reused_from" in v else "")
+        + "; ".join(f"{n} {v['seconds']} s" + (f" from {v['started'][11:16]} UTC" if "started" in v else "")
+                    + (f" at load {v['load_average_1min_start']}-{v['load_average_1min_end']}"
+                       if "load_average_1min_start" in v else "")
+                    + (f" (taken from an earlier run: {v['reused_from']})" if "reused_from" in v else "")
                     + (f" ({v['remeasured']})" if "remeasured" in v else "")
                     for n, v in r["parts"].items()) + ".",
         "Command: `.venv/bin/python benchmarks/bench_engine.py" + (" --quick" if r["quick"] else "")

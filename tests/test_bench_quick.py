@@ -33,7 +33,12 @@ def test_engine_quick(tmp_path):
     assert p["static_ragged"]["rows_computed"] <= p["static_padded"]["rows_computed"]
     d = r["decomposition"]
     assert d["total"] == pytest.approx(d["policy"] * d["implementation"], rel=0.02)
-    assert len(r["prefix_lab"]["cached_tokens_hit_each"]) == len(r["prefix_lab"]["edited_tokens_hit_each"]) >= 1
+    x = r["prefix_lab"]
+    assert len(x["cached_tokens_hit_each"]) == len(x["edited_tokens_hit_each"]) >= 2
+    # a fresh question each repeat: every cached repeat hits exactly the preamble, none of
+    # the question's full blocks (a reused question's would be cached by the first repeat)
+    assert x["cached_tokens_hit_each"] == [x["preamble_tokens"]] * len(x["cached_tokens_hit_each"])
+    assert x["question_tokens"] >= 16 and x["edited_tokens_hit_each"] == [0] * len(x["edited_tokens_hit_each"])
     for key in ("cached_ttft_ms", "edited_ttft_ms", "speedup"):  # chapter 13 reads these
         assert key in r["prefix_lab"]
     assert r["versus_base"]["commit"] in md and "policy" in md
