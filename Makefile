@@ -57,7 +57,7 @@ profile: setup
 bench: setup
 	$(PY) benchmarks/bench_bpe.py
 	$(PY) benchmarks/bench_roofline.py || echo "bench_roofline: a speed goal was missed (see benchmarks/results/roofline.md)"
-	$(PY) benchmarks/bench_engine.py --jobs 3
+	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_server.py
 	$(PY) benchmarks/bench_speculative.py
 	$(PY) benchmarks/bench_quant.py
