@@ -112,11 +112,14 @@ def markdown(r: dict) -> str:
     if c:
         lines += [f"- eager {c['eager_s'] * 1e3:.2f} ms vs compiled {c['compiled_s'] * 1e3:.2f} ms "
                   f"({c['speedup']:.2f}x), cold compile {c['compile_s']:.1f} s "
-                  f"(repaid after {c['steps_to_repay_compile']:,.0f} steps)"]
+                  + (f"(repaid after {c['steps_to_repay_compile']:,.0f} steps)" if c["speedup"] > 1
+                     else "(never repaid: the compiled step was not faster)")]
     o = r["overlap"]
     lines += ["", "## Overlap", "", f"- matmul {o['compute_s'] * 1e3:.1f} ms, copy {o['copy_s'] * 1e3:.1f} ms, "
               f"sum {o['sum_s'] * 1e3:.1f} ms, side by side {o['together_s'] * 1e3:.1f} ms: "
-              f"{o['hidden']:.0%} of the shorter job hidden", "", f"Run time {r['run_seconds']:.0f} s."]
+              + (f"{o['hidden']:.0%} of the shorter job hidden" if o["hidden"] >= 0 else
+                 f"nothing hidden (side by side took {o['together_s'] / o['sum_s'] - 1:.0%} longer "
+                 "than in sequence)"), "", f"Run time {r['run_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 
 
