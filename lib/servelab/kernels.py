@@ -76,7 +76,7 @@ def _check_device(device) -> torch.device:
     :func:`servelab.roofline.check_device` checks it: anything else is a ValueError."""
     from servelab.roofline import check_device
 
-    return torch.device(check_device(str(device) if isinstance(device, torch.device) else device))
+    return torch.device(check_device(device))
 
 
 def _model_device(model) -> torch.device:

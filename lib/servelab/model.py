@@ -310,11 +310,6 @@ class RotaryEmbedding(nn.Module):
         return rope_cos_sin(position_ids, self.inv_freq, dtype)
 
 
-def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE for rows laid out ``[T, heads, head_dim]`` with cos/sin ``[T, 1, head_dim]``."""
-    return x * cos + rotate_half(x) * sin
-
-
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """``sin`` with its first half negated: ``rotate_half(x) * sin == x.roll(half) * signed``."""
     half = sin.shape[-1] // 2
@@ -427,14 +422,15 @@ class Attention(nn.Module):
             T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
             linears = (self.q_proj, self.k_proj, self.v_proj)
             qkv = _fused_output(self, "fused_qkv", linears, x)
+            signed = _step_signed_sin(cache, sin)
             if qkv is not None:
                 # fused: Q and K sit side by side in one output, so one RoPE call rotates both
-                qk = _rope_roll(qkv[:, :(H + KVH) * D].view(T, H + KVH, D), cos, _step_signed_sin(cache, sin))
+                qk = _rope_roll(qkv[:, :(H + KVH) * D].view(T, H + KVH, D), cos, signed)
                 q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D:].view(T, KVH, D)
             else:
                 q, k, v = _apply_linears(self, "fused_qkv", linears, x)
-                q = _rope_rows(q.view(T, H, D), cos, sin)
-                k = _rope_rows(k.view(T, KVH, D), cos, sin)
+                q = _rope_roll(q.view(T, H, D), cos, signed)
+                k = _rope_roll(k.view(T, KVH, D), cos, signed)
                 v = v.view(T, KVH, D)
             o = cache.attend(self.layer_idx, q, k, v, self.scale)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))

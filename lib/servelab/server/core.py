@@ -44,9 +44,8 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 
-from servelab.engine.sequence import LazyRequestOutput
+from servelab.engine.sequence import LazyRequestOutput, RequestMetrics
 from servelab.server.engine_loop import AbortRecord, EngineLoop, Event
 
 __all__ = ["EngineCoreClient", "EngineCore", "RemoteOutput", "core_main"]
@@ -234,27 +233,6 @@ def core_main(argv=None) -> int:
 
 
 # ================================================================= the API side
-@dataclass
-class _CoreMetrics:
-    """Stand-in for ``RequestMetrics`` on the API side (the same attribute names)."""
-
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    num_preemptions: int = 0
-    num_cached_tokens: int = 0
-
-    def __post_init__(self):
-        self.token_times: list[float] = []
-
-    @property
-    def ttft(self):
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def e2e(self):
-        return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
 class _Completion:
@@ -263,7 +241,7 @@ class _Completion:
     __slots__ = ("metrics", "text", "token_ids", "logprobs", "top_logprobs", "finish")
 
     def __init__(self, arrival):
-        self.metrics = _CoreMetrics(arrival)
+        self.metrics = RequestMetrics(arrival)
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs = None
