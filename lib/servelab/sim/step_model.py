@@ -517,14 +517,11 @@ class ProfiledStepModel(StepModel):
 
     def factor(self, prefill_tokens: float) -> float:
         """The correction for a step with ``prefill_tokens`` prompt tokens (1.0 outside the grid)."""
-        t = self.tokens
-        if prefill_tokens < t[0] or prefill_tokens > t[-1]:
-            return 1.0
-        return float(np.interp(prefill_tokens, self.__dict__["_t"], self.__dict__["_f"]))
+        return float(np.interp(prefill_tokens, self.__dict__["_t"], self.__dict__["_f"],
+                               left=1.0, right=1.0))
 
     def step_s(self, shape: StepShape) -> float:
-        base = self.base.step_s(shape)
-        return base * self.factor(shape.prefill_tokens) if shape.prefill_tokens else base
+        return self.base.step_s(shape) * self.factor(shape.prefill_tokens)
 
     def decode_lines(self, rows):
         return self.base.decode_lines(rows)
@@ -627,7 +624,9 @@ def fit_report(model: StepModel, shapes, durations) -> dict:
     pred = np.array([model.step_s(s) for s in shapes])
     ss_res = float(np.sum((y - pred) ** 2))
     ss_tot = float(np.sum((y - y.mean()) ** 2))
-    out = {"r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan, "n_steps": int(len(y)), "kinds": {}}
+    out = {"r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan, "n_steps": int(len(y)),
+           "median_abs_rel_err": float(np.median(np.abs(pred - y) / y)) if len(y) else math.nan,
+           "kinds": {}}
     kinds = np.array([step_kind(s) for s in shapes])
     for k in STEP_KINDS:
         m = kinds == k
@@ -685,8 +684,7 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     prefill = fit_linear(pshapes, y[~dec], features=PREFILL_FEATURES, bins=pbins, bin_on="decode_rows")
     model = KindStepModel(decode, prefill, dict(meta or {}))
     rep = fit_report(model, shapes, y)
-    pred = np.array([model.step_s(s) for s in shapes])
-    model.meta.update(n_steps=int(len(y)), median_abs_rel_err=float(np.median(np.abs(pred - y) / y)),
+    model.meta.update(n_steps=rep["n_steps"], median_abs_rel_err=rep["median_abs_rel_err"],
                       r2=rep["r2"], kinds=rep["kinds"])
     return model
 
