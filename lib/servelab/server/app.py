@@ -346,8 +346,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     done = True
                     choices = [protocol.choice(req, c.text, c.finish_reason, _lp(req, c, 0, len(c.token_ids)),
                                                c.stop_reason, c.index) for c in out.outputs]
-                    body = protocol.response(req, None, None, _usage(req, out, cached.get(0)),
-                                             choices=choices)
+                    body = protocol.response(req, choices, _usage(req, out, cached.get(0)))
                     if req.return_timings:
                         body["servelab_timings"] = _timings(req_t, out)
                     return JSONResponse(body)

@@ -366,12 +366,8 @@ def choice(req: ParsedRequest, text: str, finish_reason: str, logprobs=None, sto
             "stop_reason": stop_reason}
 
 
-def response(req: ParsedRequest, text: str, finish_reason: str, use: dict, logprobs=None,
-             stop_reason=None, choices: list | None = None) -> dict:
-    """The whole (non-streamed) response. ``stop_reason`` (vLLM's extension) says which
-    stop string or stop token ended it; ``None`` with ``finish_reason="stop"`` = the end token.
-    ``choices`` (built with :func:`choice`) replaces the single choice for ``n > 1``."""
-    if choices is None:
-        choices = [choice(req, text, finish_reason, logprobs, stop_reason)]
+def response(req: ParsedRequest, choices: list, use: dict) -> dict:
+    """The whole (non-streamed) response: ``choices`` built with :func:`choice`, one per
+    completion (``n`` of them), and the usage."""
     return {"id": req.response_id, "object": req.object_name, "created": req.created,
             "model": req.model, "choices": choices, "usage": use}
