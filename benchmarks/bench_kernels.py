@@ -90,6 +90,7 @@ def run(quick: bool, device: str = "cpu") -> dict:
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [f"# Kernel benchmark{' (quick)' if r['quick'] else ''}", "",
+             "Command: `.venv/bin/python benchmarks/bench_kernels.py`", "",
              f"Machine: {m['cpu']}, one thread"
              + (f", measuring {m['gpu']} ({r['device']})" if m.get("gpu") else "")
              + f"; torch {m['torch']}; {m['date']}. Load average (1 min) "

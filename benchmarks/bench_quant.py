@@ -351,6 +351,7 @@ def run(quick: bool) -> dict:
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [f"# Quantization benchmark{' (quick)' if r['quick'] else ''}", "",
+             "Command: `.venv/bin/python benchmarks/bench_quant.py`", "",
              f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, one thread; torch {m['torch']}; "
              f"{m['date']}. Load average (1 min) before {r['load_before']}, after {r['load_after']}: other work "
              "shared the cores, so read the ratios (interleaved) rather than the absolute times.", "",
