@@ -141,12 +141,12 @@ def test_raw_client_matches_httpx_and_reuses_connections(server):
         c = RawHTTPClient(server.url, timeout_s=30)
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}
         for _ in range(3):
-            async with c.stream("POST", "/v1/completions", body) as r:
+            async with c.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 raw = await r.aread()
                 assert raw.endswith(b"data: [DONE]\n\n")
         idle = len(c._idle)
-        async with c.stream("POST", "/v1/completions", {"model": "nope", "prompt": "hi"}) as r:
+        async with c.stream("POST", "/v1/completions", json={"model": "nope", "prompt": "hi"}) as r:
             assert r.status_code == 404 and b"does not exist" in await r.aread()  # a sized body
         await c.aclose()
         return idle

@@ -391,8 +391,10 @@ class RawHTTPClient:
         return await asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None,
                                              limit=1 << 20)
 
-    def stream(self, method: str, path: str, json_body) -> "_RawStream":
-        return _RawStream(self, method, path, json_body)
+    def stream(self, method: str, path: str, json=None) -> "_RawStream":
+        """``async with client.stream("POST", "/v1/completions", json=body) as r``:
+        the same call as ``httpx.AsyncClient(base_url=...).stream``, so either client serves."""
+        return _RawStream(self, method, path, json)
 
     async def aclose(self) -> None:
         for _, writer in self._idle:
@@ -444,10 +446,10 @@ class _RawStream:
         return False
 
 
-async def _one(client, url: str, model: str, spec: RequestSpec, index: int, *, chat: bool,
+async def _one(client, path: str, model: str, spec: RequestSpec, index: int, *, chat: bool,
                ignore_eos: bool, temperature: float, extra: dict | None) -> RequestRecord:
-    """Send one streamed request; ``client`` is a :class:`RawHTTPClient` (``url`` is then
-    the path) or an ``httpx.AsyncClient`` (``url`` absolute)."""
+    """Send one streamed request to ``path``; ``client`` is a :class:`RawHTTPClient` or an
+    ``httpx.AsyncClient`` with a ``base_url`` (both take ``stream(method, path, json=...)``)."""
     if chat:
         if not isinstance(spec.prompt, str):
             raise ValueError("the chat endpoint needs text prompts (use completions for token ids)")
@@ -463,9 +465,7 @@ async def _one(client, url: str, model: str, spec: RequestSpec, index: int, *, c
     dec = SSEDecoder()
     pieces = []
     try:
-        stream = (client.stream("POST", url, body) if isinstance(client, RawHTTPClient)
-                  else client.stream("POST", url, json=body))
-        async with stream as r:
+        async with client.stream("POST", path, json=body) as r:
             rec.status = r.status_code
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
@@ -528,7 +528,6 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
     else:
         times = arrival_times(n, rate, burstiness, seed)
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    url = base_url.rstrip("/") + path
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = None
     if progress:
@@ -536,11 +535,11 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
         bar = tqdm(total=n, desc="requests", leave=False)
     cap = max_concurrency or n or 1
     if client == "raw":
-        http, target = RawHTTPClient(base_url, timeout_s), path
+        http = RawHTTPClient(base_url, timeout_s)
     else:
         import httpx
         limits = httpx.Limits(max_connections=cap + 8, max_keepalive_connections=cap + 8)
-        http, target = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits), url
+        http = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), limits=limits)
 
     try:
         start = time.perf_counter()
@@ -551,10 +550,10 @@ async def run_load(base_url: str, requests: Sequence[RequestSpec], *, model: str
                 await asyncio.sleep(delay)
             if sem is not None:
                 async with sem:
-                    rec = await _one(http, target, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                    rec = await _one(http, path, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
                                      temperature=temperature, extra=extra_body)
             else:
-                rec = await _one(http, target, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
+                rec = await _one(http, path, model, requests[i], i, chat=chat, ignore_eos=ignore_eos,
                                  temperature=temperature, extra=extra_body)
             if bar is not None:
                 bar.update(1)
