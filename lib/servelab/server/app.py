@@ -232,6 +232,13 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _complete(request, req, q, submit, req_t)
 
+    def _keep_prompt_cached(kept: int | None, out) -> int | None:
+        """The prompt tokens served from the prefix cache, as the first report about
+        completion 0 gave them: ``kept`` once known, None until such a report came."""
+        if kept is None and out.index == 0 and out.metrics is not None:
+            return out.metrics.num_cached_tokens
+        return kept
+
     def _usage(req, out, cached: int | None = None) -> dict:
         if cached is None:
             cached = out.metrics.num_cached_tokens if out.metrics is not None else 0
@@ -250,21 +257,20 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         outs = out.outputs
         if len(outs) == 1:
             return outs[0]
-        return next(c for c in outs if c.index == getattr(out, "index", 0))
+        return next(c for c in outs if c.index == out.index)
 
     def _latest(q, ev: Event) -> list:
         """This event and every one already queued behind it, keeping only the newest per
         completion (reports are cumulative) and stopping at an error."""
         if q.empty() or ev.kind == "error":
             return [ev]
-        latest = {getattr(ev.output, "index", 0): ev}
+        latest = {ev.output.index: ev}
         while not q.empty():
             nxt = q.get_nowait()
             if nxt.kind == "error":
                 return [*latest.values(), nxt]
-            key = getattr(nxt.output, "index", 0)
-            latest.pop(key, None)  # re-insert: order follows the newest report
-            latest[key] = nxt
+            latest.pop(nxt.output.index, None)  # re-insert: order follows the newest report
+            latest[nxt.output.index] = nxt
         return list(latest.values())
 
     async def _stream(req, q, submit, req_t):
@@ -273,7 +279,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         n = req.n
         sent_tokens, sent_chars = [0] * n, [0] * n
         first, ended = [True] * n, [False] * n
-        cached = {}
+        prompt_cached = None
         try:
             while True:
                 for ev in _latest(q, await q.get()):
@@ -284,9 +290,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                         yield sse("[DONE]")
                         return
                     out = ev.output
-                    idx = getattr(out, "index", 0)
-                    if out.metrics is not None and idx not in cached:
-                        cached[idx] = out.metrics.num_cached_tokens
+                    prompt_cached = _keep_prompt_cached(prompt_cached, out)
                     # a running report is about one completion; the final one holds them all
                     for c in (out.outputs if out.finished and n > 1 else [_choice(out)]):
                         i = c.index
@@ -307,7 +311,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     if out.finished:
                         done = True
                         if req.include_usage or req.return_timings:
-                            extra = protocol.usage_chunk(req, _usage(req, out, cached.get(0)))
+                            extra = protocol.usage_chunk(req, _usage(req, out, prompt_cached))
                             if req.return_timings:
                                 extra["servelab_timings"] = _timings(req_t, out)
                             yield sse(extra)
@@ -322,7 +326,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         done = False
         poll = settings.nondisconnect_poll_s
         checked = time.monotonic()
-        cached = {}
+        prompt_cached = None
         try:
             while True:
                 try:
@@ -339,14 +343,12 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     done = True
                     raise APIError(ev.status, ev.message, code=ev.code)
                 out = ev.output
-                idx = getattr(out, "index", 0)
-                if out.metrics is not None and idx not in cached:
-                    cached[idx] = out.metrics.num_cached_tokens
+                prompt_cached = _keep_prompt_cached(prompt_cached, out)
                 if out.finished:
                     done = True
                     choices = [protocol.choice(req, c.text, c.finish_reason, _lp(req, c, 0, len(c.token_ids)),
                                                c.stop_reason, c.index) for c in out.outputs]
-                    body = protocol.response(req, choices, _usage(req, out, cached.get(0)))
+                    body = protocol.response(req, choices, _usage(req, out, prompt_cached))
                     if req.return_timings:
                         body["servelab_timings"] = _timings(req_t, out)
                     return JSONResponse(body)

@@ -14,10 +14,10 @@ The two talk over one Unix socket pair, in frames of ``4-byte length + pickle``:
 
 * API -> core: ``("add", id, prompt_ids, params, arrival)``,
   ``("abort", id, step_seen)``, ``("stop",)``;
-* core -> API: ``("ready", info)`` once, then one ``("step", snapshot, entries)``
-  message per engine step carrying every request's new tokens and text, its
-  token times, the engine's counters for ``/metrics`` (running, waiting, KV
-  blocks used, steps) and the aborts applied.
+* core -> API: ``("ready", info)`` once, then one ``("step", counters, entries,
+  aborts)`` message per engine step carrying the engine's :class:`EngineCounters`
+  for ``/health`` and ``/metrics``, every request's new tokens and text, its
+  token times, and the aborts applied.
 
 The core blocks on the socket while it has nothing to run (so a new request
 wakes it at once: no sleep-polling), and while it is busy it drains whatever
@@ -46,7 +46,7 @@ import time
 import traceback
 
 from servelab.engine.sequence import LazyRequestOutput, RequestMetrics
-from servelab.server.engine_loop import AbortRecord, EngineLoop, Event
+from servelab.server.engine_loop import AbortRecord, EngineCounters, EngineLoop, Event
 
 __all__ = ["EngineCoreClient", "EngineCore", "RemoteOutput", "core_main"]
 
@@ -118,7 +118,7 @@ class EngineCore(EngineLoop):
                 self._outbox.append((rid, "E", event.status, event.message, event.code))
                 return
             out = event.output
-            idx = getattr(out, "index", 0)
+            idx = out.index
             key = (rid, idx)
             sent = self._sent.setdefault(key, [0, False])  # tokens sent; first sent
             delta_ids = list(out.delta_token_ids)
@@ -165,17 +165,18 @@ class EngineCore(EngineLoop):
             self._draining.set()
             self._stop.set()
 
-    def _snapshot(self) -> tuple:
+    def _counters(self) -> EngineCounters:
         s = self.engine.scheduler
         kv = s.kv
-        return (len(s.running), len(s.waiting), kv.allocator.num_used, kv.allocator.num_free,
-                self.steps, self._in_flight, self.num_engine_errors,
-                0 if kv.prefix_cache is None else kv.prefix_cache.hits)
+        return EngineCounters(running=len(s.running), waiting=len(s.waiting),
+                              kv_blocks_used=kv.allocator.num_used, kv_blocks_free=kv.allocator.num_free,
+                              steps=self.steps, engine_errors=self.num_engine_errors,
+                              prefix_cache_hit_blocks=0 if kv.prefix_cache is None else kv.prefix_cache.hits)
 
     def _flush(self) -> None:
         entries, self._outbox = self._outbox, []
         aborts, self._aborts = self._aborts, []
-        self._send_frame(("step", self._snapshot(), entries, aborts))
+        self._send_frame(("step", self._counters(), entries, aborts))
 
     def serve(self) -> None:
         engine = self.engine
@@ -223,7 +224,7 @@ def core_main(argv=None) -> int:
         info = {"max_model_len": cfg.max_model_len, "pool_tokens": cfg.pool_tokens,
                 "num_kv_blocks": cfg.num_kv_blocks, "max_num_seqs": cfg.max_num_seqs,
                 "block_size": cfg.block_size,
-                "vocab_size": getattr(engine.runner, "vocab_size", None), "pid": os.getpid()}
+                "vocab_size": getattr(engine.runner, "vocab_size", None)}
     except BaseException as exc:  # noqa: BLE001 - tell the API side why, then exit
         sock.sendall(_frame(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
         return 1
@@ -360,7 +361,9 @@ class EngineCoreClient:
         self.steps = 0
         self.error: BaseException | None = None
         self._reqs: dict[str, _Req] = {}
-        self._snap = (0, 0, 0, self.info["num_kv_blocks"], 0, 0, 0, 0)
+        self._counters = EngineCounters(running=0, waiting=0, kv_blocks_used=0,
+                                        kv_blocks_free=self.info["num_kv_blocks"], steps=0,
+                                        engine_errors=0, prefix_cache_hit_blocks=0)
         self._transport = None
         self._alive = False
         self._draining = False
@@ -384,11 +387,11 @@ class EngineCoreClient:
         return self.proc.pid
 
     def snapshot(self) -> dict:
-        s = self._snap
-        return {"running": s[0], "waiting": s[1], "kv_blocks_used": s[2], "kv_blocks_free": s[3],
-                "kv_blocks_total": self.info["num_kv_blocks"],
-                "block_size": self.info["block_size"], "steps": s[4],
-                "in_flight": len(self._reqs), "prefix_cache_hit_blocks": s[7],
+        c = self._counters
+        return {"running": c.running, "waiting": c.waiting, "kv_blocks_used": c.kv_blocks_used,
+                "kv_blocks_free": c.kv_blocks_free, "kv_blocks_total": self.info["num_kv_blocks"],
+                "block_size": self.info["block_size"], "steps": c.steps,
+                "in_flight": len(self._reqs), "prefix_cache_hit_blocks": c.prefix_cache_hit_blocks,
                 "engine_pid": self.proc.pid}
 
     # -- requests ------------------------------------------------------------------
@@ -485,9 +488,9 @@ class EngineCoreClient:
     def _on_message(self, msg) -> None:
         kind = msg[0]
         if kind == "step":
-            _, snap, entries, aborts = msg
-            self._snap = snap
-            self.steps, self.num_engine_errors = snap[4], snap[6]
+            _, counters, entries, aborts = msg
+            self._counters = counters
+            self.steps, self.num_engine_errors = counters.steps, counters.engine_errors
             metrics = self.metrics
             for e in entries:
                 self._entry(e, metrics)
@@ -496,7 +499,8 @@ class EngineCoreClient:
                 if self._reqs.pop(rid, None) is not None and metrics is not None:
                     metrics.record_finished("abort", 0, None)
             if metrics is not None:
-                metrics.update_engine(snap[0], snap[1], snap[2], snap[4])
+                metrics.update_engine(counters.running, counters.waiting, counters.kv_blocks_used,
+                                      counters.steps)
         elif kind == "bye":
             if self._bye is not None and not self._bye.done():
                 self._bye.set_result(None)

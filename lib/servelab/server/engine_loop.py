@@ -16,9 +16,9 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
-__all__ = ["EngineLoop", "Event", "AbortRecord"]
+__all__ = ["EngineLoop", "Event", "AbortRecord", "EngineCounters"]
 
 log = logging.getLogger("servelab.server")
 
@@ -40,6 +40,21 @@ class AbortRecord:
     step_requested: int           # engine steps completed when the abort arrived
     step_applied: int             # engine steps completed when its blocks were freed
     freed: bool                   # False: the request had already finished
+
+
+class EngineCounters(NamedTuple):
+    """The engine's counters as of a step: what the engine-core process sends the API
+    side with every step message (:mod:`servelab.server.core`). A named tuple pickles
+    small; it lives here, not in ``core``, because the core runs as ``__main__``, and
+    a class pickled from there would not unpickle in the API process."""
+
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    steps: int
+    engine_errors: int
+    prefix_cache_hit_blocks: int
 
 
 @dataclass
