@@ -40,8 +40,8 @@ import numpy as np
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import plan_shape, trace_prompts
-from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, fit_by_kind,
-                                     fit_linear, fit_profiled, fit_report, step_model_from_dict)
+from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
+                                     fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
 from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
@@ -510,8 +510,7 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
         raise ValueError(f"kind must be 'by_kind' or 'linear', got {kind!r}")
     if bins:
         # a bin needs enough steps to be measured; with too few the offsets can go negative
-        rows = np.array([s.prefill_tokens + s.decode_rows for s in shapes])
-        bins = tuple(b for b, nxt in zip(bins, (*bins[1:], np.inf)) if np.sum((rows >= b) & (rows < nxt)) >= 20)
+        bins = filled_bins([s.prefill_tokens + s.decode_rows for s in shapes], bins, min_steps=20)
         try:
             return fit_linear(shapes, durs, features=features, meta=meta, bins=bins)
         except ValueError:

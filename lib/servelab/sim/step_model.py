@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["StepShape", "StepModel", "LinearStepModel", "KindStepModel", "RooflineStepModel", "fit_linear",
            "fit_by_kind", "step_model_from_dict", "step_kind", "fit_report", "FEATURES", "STEP_KINDS",
-           "STEP_MODEL_FORMAT", "ProfiledStepModel", "fit_profiled", "PROFILE_TOKENS"]
+           "STEP_MODEL_FORMAT", "ProfiledStepModel", "fit_profiled", "PROFILE_TOKENS", "filled_bins"]
 
 #: Names of the fitted model's terms, in the order of its coefficients.
 FEATURES = ("1", "prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
@@ -197,6 +197,10 @@ class StepModel:
         raise NotImplementedError
 
 
+#: The fields of :class:`LinearStepModel` that are its coefficients, in the order of ``FEATURES``.
+_COEFFICIENTS = ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks")
+
+
 @dataclass
 class LinearStepModel(StepModel):
     """``a + b*P + c*R + d*K + e*pairs + f*chunks`` seconds (see module doc)."""
@@ -221,7 +225,7 @@ class LinearStepModel(StepModel):
     bin_on: str = "rows"
 
     def __post_init__(self):
-        for name in ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks"):
+        for name in _COEFFICIENTS:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"LinearStepModel.{name} must be a finite number >= 0, got {v!r}")
@@ -251,21 +255,19 @@ class LinearStepModel(StepModel):
         return max(base + e, 0.2 * base)
 
     def without_noise(self) -> "LinearStepModel":
-        return LinearStepModel(*self.coefficients, meta=dict(self.meta), bin_edges=self.bin_edges,
-                               bin_costs=self.bin_costs, bin_on=self.bin_on)
+        return replace(self, meta=dict(self.meta), noise=(), noise_seed=0)
 
     def scaled(self, factor: float) -> "LinearStepModel":
         """Every step ``factor`` times as long (a machine that runs slower or faster right now)."""
         if not factor > 0:
             raise ValueError(f"factor must be positive, got {factor!r}")
-        return LinearStepModel(*(c * factor for c in self.coefficients), meta=dict(self.meta),
-                               noise=tuple(x * factor for x in self.noise), noise_seed=self.noise_seed,
-                               bin_edges=self.bin_edges, bin_costs=tuple(c * factor for c in self.bin_costs),
-                               bin_on=self.bin_on)
+        coefficients = dict(zip(_COEFFICIENTS, (c * factor for c in self.coefficients)))
+        return replace(self, **coefficients, meta=dict(self.meta), noise=tuple(x * factor for x in self.noise),
+                       bin_costs=tuple(c * factor for c in self.bin_costs))
 
     @property
     def coefficients(self) -> tuple:
-        return (self.a, self.b_prefill, self.c_decode, self.d_context, self.e_pairs, self.f_chunks)
+        return tuple(getattr(self, name) for name in _COEFFICIENTS)
 
     def _bin(self, rows: int) -> float:
         cost = 0.0
@@ -440,9 +442,7 @@ class KindStepModel(StepModel):
                 continue
             res = y[m] - np.array([part.step_s(sh) for sh, k in zip(shapes, m) if k])
             q = tuple(np.quantile(res, np.linspace(0, 1, 201)).tolist())
-            p = part.without_noise()
-            parts.append(LinearStepModel(*p.coefficients, meta=p.meta, noise=q, noise_seed=seed + len(parts),
-                                         bin_edges=p.bin_edges, bin_costs=p.bin_costs, bin_on=p.bin_on))
+            parts.append(replace(part, meta=dict(part.meta), noise=q, noise_seed=seed + len(parts)))
         return KindStepModel(parts[0], parts[1], dict(self.meta))
 
     def to_dict(self) -> dict:
@@ -639,6 +639,16 @@ def fit_report(model: StepModel, shapes, durations) -> dict:
     return out
 
 
+def filled_bins(rows, edges, min_steps: int) -> tuple:
+    """The ``edges`` whose bins (``edges[k] <= rows < edges[k + 1]``, the last one open)
+    hold at least ``min_steps`` of the steps' ``rows``. A bin with fewer steps cannot be
+    measured (its fitted offset can go anywhere); dropping its edge merges it into the bin below."""
+    rows = np.asarray(rows)
+    edges = tuple(edges)
+    return tuple(b for b, nxt in zip(edges, (*edges[1:], np.inf))
+                 if np.sum((rows >= b) & (rows < nxt)) >= min_steps)
+
+
 #: Terms of each part of :func:`fit_by_kind`.
 DECODE_FEATURES = ("decode_rows", "decode_context")
 PREFILL_FEATURES = ("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
@@ -665,10 +675,8 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
         if m.sum() < need[name]:
             raise ValueError(f"need at least {need[name]} measured {name} steps to fit that part, got {int(m.sum())}")
     dshapes = [s for s, d in zip(shapes, dec) if d]
-    rows = np.array([s.decode_rows for s in dshapes])
-    edges = tuple(sorted(int(b) for b in decode_bins))
-    bins = tuple(b for b, nxt in zip(edges, (*edges[1:], np.inf))
-                 if np.sum((rows >= b) & (rows < nxt)) >= min_bin_steps)
+    rows = [s.decode_rows for s in dshapes]
+    bins = filled_bins(rows, sorted(int(b) for b in decode_bins), min_bin_steps)
     decode = None
     while decode is None:
         try:
