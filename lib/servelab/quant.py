@@ -424,9 +424,8 @@ class QuantizedLinear(nn.Module):
         return "dequantize"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype is torch.bfloat16 and self.kernel != "dequantize" and self.bias is None
-                and x.numel() <= KERNEL_MAX_ROWS * self.in_features):
-            # the decode fast path, with as little Python as possible: a step calls this per layer
+        if self.bias is None and self.path(x.numel() // self.in_features, x.dtype) != "dequantize":
+            # the decode fast path, straight to the kernel (a step calls this per layer)
             y = _low_bit_matmul(self.kernel, x.reshape(-1, self.in_features), self.codes, self.scales,
                                 self.format.group)
             return y.view(*x.shape[:-1], self.out_features)
@@ -506,7 +505,7 @@ class FusedQuantizedLinears:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         k = self.codes.shape[1]
-        if x.dtype is not torch.bfloat16 or x.numel() > KERNEL_MAX_ROWS * k:   # not QuantizedLinear's kernel path
+        if self._linears[0].path(x.numel() // k, x.dtype) == "dequantize":  # each layer dequantizes alone
             return tuple(l(x) for l in self._linears)
         y = _low_bit_matmul("int8pack", x.reshape(-1, k), self.codes, self.scales, None)
         if self.bias is not None:
