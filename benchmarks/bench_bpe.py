@@ -24,16 +24,14 @@ import os
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported: one thread
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from servelab import bpe, corpus  # noqa: E402
 from servelab.machine import describe  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, parser, results_folder, write_results  # noqa: E402
 
 
 def machine() -> dict:
@@ -63,23 +61,19 @@ def train_hf(docs, vocab_size, specials):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__.split("\n")[0],
+                quick_help="smoke run in seconds: 0.1M characters, a 512-id vocabulary, one repeat",
+                out_help="results path prefix (default benchmarks/results/bpe); with --quick, a folder")
     ap.add_argument("--mb", type=float, default=10.0, help="million characters of corpus text (default 10)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--naive-merges", type=int, default=20, help="merges to time the naive trainer over")
-    ap.add_argument("--out", default=None,
-                    help="results path prefix (default benchmarks/results/bpe); with --quick, a folder")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run in seconds: 0.1M characters, a 512-id vocabulary, one repeat")
     args = ap.parse_args(argv)
     vocab = bpe.COURSE_VOCAB_SIZE
     if args.quick:
-        if args.out is None:
-            ap.error("--quick needs --out FOLDER (a smoke run never overwrites benchmarks/results)")
         args.mb, args.repeats, args.naive_merges, vocab = 0.1, 1, 2, 512
-        args.out = str(Path(args.out) / "bpe")
-    elif args.out is None:
-        args.out = str(RESULTS / "bpe")
+        prefix = results_folder(ap, args) / "bpe"
+    else:
+        prefix = args.out or RESULTS / "bpe"
 
     n_chars = int(args.mb * 1_000_000)
     text = corpus.load_text("train", max_chars=n_chars)
@@ -153,13 +147,11 @@ def main(argv=None) -> dict:
         "times_s": {"servelab_cold": t_cold, "servelab_warm": t_warm, "tiktoken": t_tt, "tokenizers": t_hfe},
     }
     print(json.dumps(res["encoding"], indent=1))
-    write(res, Path(args.out))
+    write_results(prefix.parent, prefix.name, res, markdown(res))
     return res
 
 
-def write(res: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+def markdown(res: dict) -> str:
     m, tr, en = res["machine"], res["training"], res["encoding"]
     v = m  # package versions sit beside the machine facts (servelab.machine.describe)
     md_text = f"""# BPE benchmark (`benchmarks/bench_bpe.py`)
@@ -200,7 +192,7 @@ merges recount slightly shorter chunks.
 {en['tokens']:,} tokens ({en['bytes_per_token']:.2f} bytes per token); servelab's ids identical to tiktoken's: {en['identical_to_tiktoken']}.
 Raw timings: `bpe.json`.
 """
-    out.with_suffix(".md").write_text(md_text)
+    return md_text
 
 
 if __name__ == "__main__":

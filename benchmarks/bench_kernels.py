@@ -21,11 +21,8 @@ import tempfile
 # earlier run (set before torch is imported, so inductor never sees an older cache).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="servelab-inductor-"))
 
-import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -34,8 +31,7 @@ from servelab.machine import describe
 from servelab.model import load_course_model
 from servelab.roofline import check_device
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
+from _common import parser, results_folder, write_results
 
 def _load():
     try:
@@ -125,11 +121,9 @@ def markdown(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda' to measure a GPU")
-    args = parser.parse_args(argv)
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda' to measure a GPU")
+    args = p.parse_args(argv)
     try:
         check_device(args.device)
     except ValueError as exc:
@@ -139,16 +133,11 @@ def main(argv=None) -> int:
         print("--device writes another machine's run; pass --out DIR so it does not overwrite the recorded "
               "(CPU) results", file=sys.stderr)
         return 2
-    if args.quick and args.out is None:
-        print("--quick writes a smoke run; pass --out DIR so it does not overwrite the recorded results",
-              file=sys.stderr)
-        return 2
-    out = args.out or RESULTS
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_folder(p, args)
     r = run(args.quick, args.device)
-    (out / "kernels.json").write_text(json.dumps(r, indent=1, default=str))
-    (out / "kernels.md").write_text(markdown(r))
-    print(markdown(r))
+    report = markdown(r)
+    write_results(out, "kernels", r, report)
+    print(report)
     return 0
 
 

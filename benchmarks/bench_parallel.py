@@ -16,10 +16,7 @@ Writes benchmarks/results/parallel.md and parallel.json (``--out`` picks another
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -32,7 +29,7 @@ from servelab.machine import describe  # noqa: E402
 from servelab.model import COURSE_MODELS_DIR, load_pretrained  # noqa: E402
 from servelab.parallel import collectives, pipeline, tensor  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, parser, write_results  # noqa: E402
 
 
 def bench_collectives(sizes, repeats):
@@ -131,11 +128,9 @@ def _git_commit() -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, a few tokens: a smoke run")
+    ap = parser(__doc__.splitlines()[0], quick_help="tiny sizes, a few tokens: a smoke run", out_default=RESULTS)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
         sizes, repeats, tokens, worlds, mbs, pad = [4096, 1_048_576], 2, 4, (2,), (1, 2), 0.01
@@ -151,10 +146,9 @@ def main(argv=None):
     res["run_seconds"] = time.perf_counter() - start
     res["load_at_end"] = round(os.getloadavg()[0], 2)
     res["git_commit"] = _git_commit()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "parallel.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    (args.out / "parallel.md").write_text(to_markdown(res))
-    print(to_markdown(res))
+    report = to_markdown(res)
+    write_results(args.out, "parallel", res, report)
+    print(report)
 
 
 if __name__ == "__main__":

@@ -38,15 +38,11 @@ corpus's validation split (perplexity, top-1 agreement and KL vs fp32).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import inspect
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -54,7 +50,7 @@ from servelab import quant as Q
 from servelab import roofline as rl
 from servelab.machine import describe
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import parser, results_folder, write_results
 VARIANTS = ("fp32", "bf16", "int8", "int4-g128", "int4-g32")
 FLAT = 1.25   # a step within this factor of batch 1 counts as flat
 SPLIT_K = 256  # the row-block size tried in the kernel-alone measurements (rows cut into blocks of this many)
@@ -501,20 +497,13 @@ def where_markdown(r: dict, w: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small model, few rounds (a smoke run)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for quant.md/json (default results/)")
-    args = parser.parse_args(argv)
-    if args.quick and args.out is None:
-        print("--quick writes a smoke run; pass --out DIR so it does not overwrite the recorded results",
-              file=sys.stderr)
-        return 2
-    out = args.out or RESULTS
-    out.mkdir(parents=True, exist_ok=True)
+    p = parser(__doc__.splitlines()[0], quick_help="small model, few rounds (a smoke run)")
+    args = p.parse_args(argv)
+    out = results_folder(p, args)
     r = run(args.quick)
-    (out / "quant.json").write_text(json.dumps(r, indent=1))
-    (out / "quant.md").write_text(markdown(r))
-    print(markdown(r))
+    report = markdown(r)
+    write_results(out, "quant", r, report)
+    print(report)
     return 0
 
 

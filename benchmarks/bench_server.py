@@ -26,7 +26,6 @@ exactly ``output`` tokens, so both sides do the same work.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -37,8 +36,9 @@ from pathlib import Path
 
 import torch
 
+from _common import RESULTS, parser, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 MODEL_DIR = ROOT / "data" / "models" / "servelab-main"
 
 FULL = dict(requests=384, concurrency=64, input="uniform:16:64", output=32, pairs=5, thread_pairs=3,
@@ -179,10 +179,7 @@ def summarize_load(s: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    a = ap.parse_args(argv)
+    a = parser(__doc__.split("\n\n")[0], out_default=RESULTS).parse_args(argv)
     torch.set_num_threads(1)
     P = QUICK if a.quick else FULL
     a.out.mkdir(parents=True, exist_ok=True)
@@ -268,10 +265,10 @@ def main(argv=None) -> int:
     result["verdicts"] = {"throughput_ratio_met": t["ratio_median"] >= GOAL_THROUGHPUT_RATIO,
                           "ttft_overhead_met": tt["overhead_ms_median"] <= GOAL_TTFT_OVERHEAD_MS}
 
-    (a.out / "server.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_md(result, a.out / "server.md")
+    report = markdown(result)
+    write_results(a.out, "server", result, report)
     plot(result, a.out / "server.png")
-    print((a.out / "server.md").read_text())
+    print(report)
     return 0
 
 
@@ -288,7 +285,7 @@ def _modes_verdict(t: dict) -> str:
     return span + ": the ranges overlap, so this run does not separate the two modes."
 
 
-def write_md(r: dict, path: Path) -> None:
+def markdown(r: dict) -> str:
     m, t, tt, sw = r["machine"], r["throughput"], r["ttft_low_load"], r["rate_sweep"]
     ok = {True: "met", False: "MISSED"}
     lines = [
@@ -362,7 +359,7 @@ def write_md(r: dict, path: Path) -> None:
               f"levelled off at {top:.1f} requests/s ({top / sw['saturation_rps_estimate']:.2f} x the "
               "estimate, which comes from a different run: the throughput pairs at a fixed concurrency). Other processes shared this machine's cores (see the load average "
               "above), so single rows are noisy; the shape, flat and then rising, is the result.", ""]
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def plot(r: dict, path: Path) -> None:

@@ -36,6 +36,8 @@ from servelab.sim import calibrate as cal
 from servelab.sim.step_model import STEP_KINDS, KindStepModel, fit_report
 from servelab.sim.workload import Exponential, LogNormal
 
+from _common import RESULTS, parser, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
 
@@ -239,7 +241,7 @@ def _chunk_sizes(model, fit_runs, held) -> dict:
             "other_steps": other[2], "other_ratio": round(other[0] / other[1], 3) if other[1] else None}
 
 
-def write_md(out: Path, res: dict) -> None:
+def markdown(res: dict) -> str:
     m = res["machine"]
     lines = ["# Simulator: speed and calibration against the engine", "",
              f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} "
@@ -263,7 +265,7 @@ def write_md(out: Path, res: dict) -> None:
     cal_res = res.get("calibration")
     if cal_res:
         lines += calibration_md(cal_res)
-    (out / "sim.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def calibration_md(cal_res: dict) -> list:
@@ -406,12 +408,11 @@ def calibration_md(cal_res: dict) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="seconds: small speed run, calibration from saved runs")
+    p = parser(__doc__, quick_help="seconds: small speed run, calibration from saved runs", out_default=RESULTS,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--calibration-only", action="store_true")
     p.add_argument("--runs-from", default=None, help="refit from saved engine runs instead of measuring")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--clock", default="cpu", choices=cal.CLOCKS,
                    help="time engine steps by their CPU time on a virtual clock (default) or by the wall clock")
     p.add_argument("--attempts", type=int, default=3,
@@ -420,7 +421,7 @@ def main(argv=None) -> int:
                    "(default: data/sim)")
     a = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    out = Path(a.out)
+    out = a.out
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"git_commit": cal.git_commit()}
     if a.runs_from:
@@ -459,9 +460,9 @@ def main(argv=None) -> int:
             if prev.get(key) is not None:
                 res.setdefault(key, prev[key])
         carry_history(res.get("calibration"), prev.get("calibration"))
-    (out / "sim.json").write_text(json.dumps(res, indent=1) + "\n")
-    write_md(out, res)
-    print((out / "sim.md").read_text())
+    report = markdown(res)
+    write_results(out, "sim", res, report)
+    print(report)
     return 0
 
 

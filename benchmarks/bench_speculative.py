@@ -17,12 +17,9 @@ Results: benchmarks/results/speculative.md and .json, with the machine and the l
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -34,7 +31,9 @@ from servelab.sampling import SamplingParams
 from servelab.speculative import (DraftModelProposer, NgramProposer, code_windows, edit_prompt,
                                   expected_speedup, expected_tokens_per_pass, speculative_generate)
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, parser, write_results
+
+
 def step_costs(target, draft, k: int, context: int = 64, repeats: int = 30) -> dict:
     """Median seconds of one decode step of each model and of a target pass over k + 1 rows."""
     def timed(model, n_new):
@@ -181,9 +180,8 @@ def predict(row: dict, costs: dict, deterministic: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 16 tokens, k in {1, 4}")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap = parser(__doc__.split("\n")[0], quick_help="smoke run: 2 prompts, 16 tokens, k in {1, 4}",
+                out_default=RESULTS)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -225,10 +223,9 @@ def main(argv=None) -> int:
     print(f"engine fade done ({time.time() - t_start:.0f} s)", flush=True)
     results["load_after"] = os.getloadavg()
     results["seconds"] = time.time() - t_start
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speculative.json").write_text(json.dumps(results, indent=1))
-    (args.out / "speculative.md").write_text(report(results))
-    print(report(results))
+    text = report(results)
+    write_results(args.out, "speculative", results, text)
+    print(text)
     return 0
 
 

@@ -1,6 +1,7 @@
 """bench_speculative --quick runs end to end and writes its report (a smoke run, no timing asserted)."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -9,7 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_run_writes_results(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_speculative", ROOT / "benchmarks" / "bench_speculative.py")
     bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # where the script finds its shared helper, _common
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.pop(0)
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "speculative.json").read_text())
     assert set(res["workloads"]) == {"edit_ngram", "code_ngram", "code_draft", "edit_draft"}
