@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
 from servelab import comm  # noqa: E402
-from servelab.machine import describe  # noqa: E402
+from servelab.machine import describe, git_commit  # noqa: E402
 from servelab.model import COURSE_MODELS_DIR, load_pretrained  # noqa: E402
 from servelab.parallel import collectives, pipeline, tensor  # noqa: E402
 
@@ -115,18 +114,6 @@ def to_markdown(res) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _git_commit() -> str:
-    """The checkout's short commit (``SERVELAB_GIT_COMMIT`` overrides it for an exported snapshot)."""
-    import subprocess
-    if os.environ.get("SERVELAB_GIT_COMMIT"):
-        return os.environ["SERVELAB_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short",
-                               "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def main(argv=None):
     ap = parser(__doc__.splitlines()[0], quick_help="tiny sizes, a few tokens: a smoke run", out_default=RESULTS)
     ap.add_argument("--repeats", type=int, default=10)
@@ -145,7 +132,7 @@ def main(argv=None):
            "pipeline": bench_pipeline(mbs, pad)}
     res["run_seconds"] = time.perf_counter() - start
     res["load_at_end"] = round(os.getloadavg()[0], 2)
-    res["git_commit"] = _git_commit()
+    res["git_commit"] = git_commit()
     report = to_markdown(res)
     write_results(args.out, "parallel", res, report)
     print(report)

@@ -5,9 +5,11 @@ import datetime
 import importlib.metadata as metadata
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 DEFAULT_PACKAGES = ("torch", "numpy")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: lib/servelab/machine.py
 
 
 def cpu_model() -> str:
@@ -44,3 +46,15 @@ def describe(packages: tuple[str, ...] = DEFAULT_PACKAGES, threads: int | None =
     return {"platform": platform.platform(), "cpu": cpu_model(), "logical_cpus": os.cpu_count(),
             "load_average_1min": load, "python": platform.python_version(), **versions,
             "threads": threads, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def git_commit() -> str:
+    """The checkout's short commit; ``SERVELAB_GIT_COMMIT`` overrides it (a run from an exported
+    snapshot of a commit, which is no git checkout)."""
+    if os.environ.get("SERVELAB_GIT_COMMIT"):
+        return os.environ["SERVELAB_GIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

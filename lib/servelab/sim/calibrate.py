@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from servelab.machine import git_commit
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import plan_shape, trace_prompts
@@ -362,19 +363,6 @@ def speed_probe(llm, seed: int = 0, clock: str = "wall") -> float:
         engine.step()
         total += timer() - t0
     return total
-
-
-def git_commit() -> str:
-    """The checkout's short commit; ``SERVELAB_GIT_COMMIT`` overrides it (a run from an exported
-    snapshot of a commit, which is no git checkout)."""
-    import os
-    if os.environ.get("SERVELAB_GIT_COMMIT"):
-        return os.environ["SERVELAB_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 #: Row-count bins of the one-line model (:func:`fit_step_model` with ``kind="linear"``).
