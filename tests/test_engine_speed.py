@@ -59,12 +59,12 @@ def _step(tables, ctx):
 def test_lone_sequence_view_and_scratch_gather_agree():
     torch.manual_seed(0)
     pools = [torch.randn(12, 4, 2, 2, 8)]
-    q, k, v = torch.randn(1, 4, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    q, kv = torch.randn(1, 4, 8), torch.randn(1, 2, 2, 8)
     viewed = PagedStepContext([p.clone() for p in pools], _step([[3, 4, 5]], [10]), 4)
     assert isinstance(viewed.decode_groups[0][2], slice)           # consecutive: read as a view
     gathered = PagedStepContext([p.clone() for p in pools], _step([[3, 4, 5]], [10]), 4)
     gathered.decode_groups[0] = (0, 1, torch.tensor([3, 4, 5]), 3, 10, None)   # force the gather
-    torch.testing.assert_close(viewed.attend(0, q, k, v, 0.3), gathered.attend(0, q, k, v, 0.3))
+    torch.testing.assert_close(viewed.attend(0, q, kv, 0.3), gathered.attend(0, q, kv, 0.3))
     scattered = PagedStepContext([p.clone() for p in pools], _step([[7, 2, 9]], [10]), 4)
     assert not isinstance(scattered.decode_groups[0][2], slice)
 

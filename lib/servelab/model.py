@@ -149,11 +149,23 @@ class FusedLinears:
         return linear.weight.data_ptr(), None if linear.bias is None else linear.bias.data_ptr()
 
     def is_current(self, linears) -> bool:
-        """True while these very linears still hold views of this fused matrix (checked per call: cheap)."""
-        for l, ref, ptr in zip(linears, self._linears, self._pointers):
-            if l is not ref or self._pointer(l) != ptr:
+        """True while these very linears still hold views of this fused matrix.
+
+        Checked before every use, so it must be cheap (a batch-1 step calls it
+        twice per layer): the parameters are read from ``_parameters`` directly,
+        skipping ``nn.Module.__getattr__``'s slower lookup.
+        """
+        if len(linears) != len(self._linears):
+            return False
+        for l, ref, (weight_ptr, bias_ptr) in zip(linears, self._linears, self._pointers):
+            if l is not ref:
                 return False
-        return len(linears) == len(self._linears)
+            params = l._parameters
+            bias = params.get("bias")
+            if (params["weight"].data_ptr() != weight_ptr
+                    or (None if bias is None else bias.data_ptr()) != bias_ptr):
+                return False
+        return True
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
@@ -209,6 +221,9 @@ def _fused_output(owner: nn.Module, attr: str, linears, x):
     fused = getattr(owner, attr)
     if not isinstance(fused, FusedLinears) or torch.is_grad_enabled():
         return None  # unfused, or another kind of fusion (a quantized one): its own __call__
+    if torch.compiler.is_compiling():
+        # a compiled engine step: the runner called refresh_fusions() just before it
+        return F.linear(x, fused.weight, fused.bias)
     if not fused.is_current(linears):
         if not fusable(linears):
             return None
@@ -299,6 +314,10 @@ class RotaryEmbedding(nn.Module):
                 max_position: int | None = None):
         """cos/sin at ``position_ids``; ``max_position`` (the largest id, if the caller
         knows it) saves a look at the tensor."""
+        if torch.compiler.is_compiling() and max_position is not None and self._table is not None:
+            # a compiled engine step: its runner called table() and checked the positions
+            # before the step (data pointers and Python ints have no place in a graph)
+            return self._table[1][position_ids].to(dtype), self._table[2][position_ids].to(dtype)
         if max_position is None:
             if torch.compiler.is_compiling():
                 # no data-dependent Python int in a compiled graph: compute (the same values)
@@ -324,7 +343,10 @@ def _rope_roll(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 def _step_signed_sin(cache, sin: torch.Tensor) -> torch.Tensor:
     """:func:`_signed_sin` of this step's ``sin``, computed by the first layer and kept
-    on the step context for the others."""
+    on the step context for the others (in a compiled step: computed, and the
+    compiler shares it)."""
+    if torch.compiler.is_compiling():
+        return _signed_sin(sin)
     memo = getattr(cache, "_signed_sin", None)
     if memo is None or memo[0] is not sin:
         memo = (sin, _signed_sin(sin))
@@ -333,6 +355,26 @@ def _step_signed_sin(cache, sin: torch.Tensor) -> torch.Tensor:
         except AttributeError:  # a context that takes no attributes: compute per layer
             pass
     return memo[1]
+
+
+# A compiled engine step (``ModelRunner(..., compile=True)``) traces the model's own
+# forward into one graph, except attention: the paged step context is Python (block
+# tables, groups of rows), so the graph calls it as one opaque operator that reads
+# the context of the step being run, as vLLM's compiled models call their attention.
+_STEP_CONTEXTS: list = []
+
+
+@torch.library.custom_op("servelab::step_attend", mutates_args=())
+def step_attend(q: torch.Tensor, kv: torch.Tensor, layer_idx: int, scale: float) -> torch.Tensor:
+    """``attend(layer_idx, q, kv, scale)`` of the running step's context (see :meth:`Attention.forward`)."""
+    if not _STEP_CONTEXTS:
+        raise RuntimeError("servelab::step_attend runs only inside a compiled engine step")
+    return _STEP_CONTEXTS[-1].attend(layer_idx, q, kv, scale)
+
+
+@step_attend.register_fake
+def _step_attend_shape(q, kv, layer_idx, scale):
+    return torch.empty_like(q)
 
 
 class Attention(nn.Module):
@@ -414,8 +456,9 @@ class Attention(nn.Module):
 
         A step context (the engine's paged pool: :class:`servelab.engine.model_runner.PagedStepContext`)
         stores the rows' K/V where they belong and attends each row to its own
-        sequence's past: ``cache.attend(layer_idx, q, k, v, scale) -> [T, heads, head_dim]``
-        with ``q [T, heads, head_dim]`` and ``k, v [T, kv_heads, head_dim]``, RoPE applied.
+        sequence's past: ``cache.attend(layer_idx, q, kv, scale) -> [T, heads, head_dim]``
+        with ``q [T, heads, head_dim]`` and ``kv [T, 2, kv_heads, head_dim]`` (K then V
+        of each row, as the pool stores them), RoPE applied.
         Everything else (projections, RoPE, ``o_proj``) is this layer's own code.
         """
         if getattr(cache, "ragged", False):
@@ -424,15 +467,25 @@ class Attention(nn.Module):
             qkv = _fused_output(self, "fused_qkv", linears, x)
             signed = _step_signed_sin(cache, sin)
             if qkv is not None:
-                # fused: Q and K sit side by side in one output, so one RoPE call rotates both
-                qk = _rope_roll(qkv[:, :(H + KVH) * D].view(T, H + KVH, D), cos, signed)
-                q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D:].view(T, KVH, D)
+                # fused: Q and K sit side by side in one fresh output, so one RoPE call rotates
+                # both, written back in place; K and V then lie side by side as the pool stores them
+                qk = qkv[:, :(H + KVH) * D].view(T, H + KVH, D)
+                if torch.compiler.is_compiling():  # graphs take no strided out=; the compiler fuses
+                    qk = _rope_roll(qk, cos, signed)
+                    q = qk[:, :H]
+                    kv = torch.cat((qk[:, H:], qkv[:, (H + KVH) * D:].view(T, KVH, D)), 1).view(T, 2, KVH, D)
+                else:
+                    torch.addcmul(qk * cos, qk.roll(D // 2, -1), signed, out=qk)
+                    q, kv = qk[:, :H], qkv[:, H * D:].view(T, 2, KVH, D)
             else:
                 q, k, v = _apply_linears(self, "fused_qkv", linears, x)
                 q = _rope_roll(q.view(T, H, D), cos, signed)
                 k = _rope_roll(k.view(T, KVH, D), cos, signed)
-                v = v.view(T, KVH, D)
-            o = cache.attend(self.layer_idx, q, k, v, self.scale)
+                kv = torch.stack((k, v.view(T, KVH, D)), dim=1)
+            if torch.compiler.is_compiling():  # attention stays out of the graph (vLLM's split)
+                o = torch.ops.servelab.step_attend(q, kv, self.layer_idx, self.scale)
+            else:
+                o = cache.attend(self.layer_idx, q, kv, self.scale)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
         q, k, v = self._project(x, cos, sin, None if cache is None else _step_signed_sin(cache, sin))
         if cache is not None:
@@ -458,7 +511,12 @@ class MLP(nn.Module):
         self.fused_gate_up = _refused(self.fused_gate_up, linears, column_major)
 
     def forward(self, x):
-        gate, up = _apply_linears(self, "fused_gate_up", (self.gate_proj, self.up_proj), x)
+        linears = (self.gate_proj, self.up_proj)
+        gate_up = _fused_output(self, "fused_gate_up", linears, x)
+        if gate_up is not None:
+            gate, up = gate_up.chunk(2, -1)  # two equal halves: no size list to check
+        else:
+            gate, up = _apply_linears(self, "fused_gate_up", linears, x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -650,6 +708,24 @@ class LlamaModel(nn.Module):
             if tied:
                 self.embed_tokens.weight = self.lm_head.weight
         return self
+
+    def refresh_fusions(self) -> None:
+        """Rebuild any fused projection made stale (by ``.to(dtype)`` or a weight swap).
+
+        Eager calls check their fusion themselves; a compiled engine step cannot
+        (data pointers have no place in a graph), so its runner calls this first.
+        """
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for owner, attr, linears in ((attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                         (mlp, "fused_gate_up", (mlp.gate_proj, mlp.up_proj))):
+                fused = getattr(owner, attr)
+                if isinstance(fused, FusedLinears) and not fused.is_current(linears):
+                    if fusable(linears):
+                        with torch.inference_mode(False), torch.no_grad():
+                            setattr(owner, attr, FusedLinears(linears, column_major=fused.column_major))
+                    else:
+                        setattr(owner, attr, None)
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied head is counted once)."""

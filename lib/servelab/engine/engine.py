@@ -83,8 +83,13 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model, tokenizer=None, *, seed: int = 0, kv_dtype=None,
-                   speculative_config=None, **config) -> "LLMEngine":
+                   speculative_config=None, enforce_eager: bool = True, **config) -> "LLMEngine":
         """Build an engine (paged pool included) around a :class:`servelab.model.LlamaModel`.
+
+        ``enforce_eager=False`` compiles the model's forward pass (``torch.compile``,
+        attention left out of the graph: :class:`~servelab.engine.model_runner.ModelRunner`),
+        vLLM's default; here eager is the default, because compiling takes seconds
+        to minutes on a CPU, per process.
 
         ``max_model_len`` defaults to the model's ``max_position_embeddings``, or
         to the pool's size if that is smaller. Refused at start-up, with the fix
@@ -106,7 +111,8 @@ class LLMEngine:
                              f"{cfg.block_size}), less than one sequence of max_model_len="
                              f"{cfg.max_model_len}; raise num_kv_blocks to at least "
                              f"{-(-cfg.max_model_len // cfg.block_size)} or lower max_model_len")
-        runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype)
+        runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype,
+                             compile=not enforce_eager)
         eos = model.config.eos_token_ids
         if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
             eos = [tokenizer.eot_token]

@@ -53,7 +53,7 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  long_prefill_token_threshold: int | None = None, max_model_len: int | None = None,
                  dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None,
-                 speculative_config: dict | None = None):
+                 speculative_config: dict | None = None, enforce_eager: bool = True):
         from servelab.model import LlamaModel, load_pretrained
         folder = None
         if not isinstance(model, LlamaModel):
@@ -71,7 +71,7 @@ class LLM:
             num_kv_blocks = -(-pool // block_size)
         self.engine = LLMEngine.from_model(
             model, tokenizer, seed=seed, kv_dtype=kv_dtype, block_size=block_size,
-            speculative_config=speculative_config,
+            speculative_config=speculative_config, enforce_eager=enforce_eager,
             num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             enable_chunked_prefill=enable_chunked_prefill,

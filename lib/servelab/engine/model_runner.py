@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.engine.scheduler import SchedulerOutput
+from servelab.model import _STEP_CONTEXTS
 from servelab.paged import blocks_for, group_decode_rows
 
 __all__ = ["StepInput", "prepare_step", "PagedStepContext", "ModelRunner"]
@@ -120,6 +121,7 @@ class PagedStepContext:
     def __init__(self, pools, step: StepInput, block_size: int, max_padding: float = 0.25,
                  scratch: dict | None = None):
         self.pools = pools
+        self.slot_views = [p.view(-1, *p.shape[2:]) for p in pools]  # a row per slot
         self.scratch = {} if scratch is None else scratch
         self.block_size = block_size
         self.max_position = max(step.positions) if step.positions else 0
@@ -167,12 +169,13 @@ class PagedStepContext:
             buf = self.scratch[source.dtype] = torch.empty(max(n, 1 << 16), dtype=source.dtype)
         return torch.index_select(source, 0, index, out=buf[:n].view(index.numel(), *source.shape[1:]))
 
-    def attend(self, layer_idx: int, q, k, v, scale: float):
-        """Write the rows' K/V into layer ``layer_idx``'s pool, then attend; returns [T, H, D]."""
+    def attend(self, layer_idx: int, q, kv, scale: float):
+        """Write the rows' K/V (``kv [T, 2, KVH, D]``) into layer ``layer_idx``'s pool,
+        then attend; returns [T, H, D]."""
         pool = self.pools[layer_idx]              # [num_blocks, block_size, 2, KVH, D]
-        flat = pool.view(-1, *pool.shape[2:])     # [num_slots, 2, KVH, D]
-        flat.index_copy_(0, self.slots, torch.stack((k, v), dim=1).to(pool.dtype))
-        gqa = q.shape[1] != k.shape[1]
+        flat = self.slot_views[layer_idx]         # [num_slots, 2, KVH, D]
+        flat.index_copy_(0, self.slots, kv if kv.dtype == pool.dtype else kv.to(pool.dtype))
+        gqa = q.shape[1] != kv.shape[2]
         out = None
         bs = self.block_size
         for r0, r1, table, nblk, longest, mask in self.decode_groups:
@@ -196,7 +199,7 @@ class PagedStepContext:
         for r0, r1, slots, mask in self.chunks:
             qp = q[r0:r1].transpose(0, 1)[None]   # [1, H, n, D]
             if slots is None:
-                kk, vv = k[r0:r1].transpose(0, 1)[None], v[r0:r1].transpose(0, 1)[None]
+                kk, vv = kv[r0:r1, 0].transpose(0, 1)[None], kv[r0:r1, 1].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(qp, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
             else:
                 g = self._gather(flat, slots)
@@ -206,6 +209,37 @@ class PagedStepContext:
                 o = F.scaled_dot_product_attention(qp, kk, vv, attn_mask=mask, scale=scale, enable_gqa=gqa)
             out[r0:r1] = o[0].transpose(0, 1)
         return out
+
+
+class _CompiledStep:
+    """What the model sees as its cache inside a compiled step: ragged rows, positions
+    inside the RoPE table (the runner checked), attention through ``step_attend``."""
+
+    ragged = True
+    max_position = 0
+
+
+_COMPILED_STEP = _CompiledStep()
+
+
+def _model_step(model, ids, positions, rows):
+    return model(ids, positions, cache=_COMPILED_STEP, logits_rows=rows)
+
+
+_COMPILED: list = []
+
+
+def _compiled_model_step():
+    """``torch.compile`` of one model step, made once per process: every runner shares it.
+
+    Compiled graphs are kept per model object and row count kind (one row, many,
+    logits for some rows), a few per model; ``torch._dynamo``'s recompile limit
+    (8 per function) caps how many models one process compiles before it runs
+    the rest eagerly (with a warning).
+    """
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_model_step, dynamic=None))
+    return _COMPILED[0]
 
 
 class ModelRunner:
@@ -223,7 +257,8 @@ class ModelRunner:
     plain forward pass.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None):
+    def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
+                 compile: bool = False):
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
@@ -237,6 +272,7 @@ class ModelRunner:
         # the 213M decoder's batch-8 step was ~10% slower that way, so bf16 keeps row-major)
         model.fuse_projections(column_major=self.dtype == torch.float32)
         self._scratch: dict = {}  # the step contexts' gather buffer, one per dtype, kept across steps
+        self.compiled = bool(compile)
 
     @property
     def k_cache(self) -> list[torch.Tensor]:
@@ -265,4 +301,14 @@ class ModelRunner:
         rows = step.sample_rows
         # every row samples (a pure decode step): no row gather before the head
         rows = None if rows == list(range(len(step.input_ids))) else torch.as_tensor(rows, dtype=torch.long)
-        return self.model(ids, positions, cache=self.context(step), logits_rows=rows).float()
+        ctx = self.context(step)
+        if not self.compiled or ctx.max_position >= self.model.rotary.max_positions:
+            return self.model(ids, positions, cache=ctx, logits_rows=rows).float()
+        # compiled: what a graph cannot check is checked here, then attention reads ctx
+        self.model.refresh_fusions()
+        self.model.rotary.table()
+        _STEP_CONTEXTS.append(ctx)
+        try:
+            return _compiled_model_step()(self.model, ids, positions, rows).float()
+        finally:
+            _STEP_CONTEXTS.pop()

@@ -11,7 +11,8 @@ time into phases by timing the functions that do them:
 * ``attention``  - writing K/V and attending through the pool (``PagedStepContext.attend``)
 * ``layers``     - everything else of the forward pass: embedding, RoPE, norms,
   projections, MLP (the runner's time minus the phases inside it)
-* ``head``       - final norm and output head (``LlamaModel.logits``)
+* ``head``       - final norm and output head (``LlamaModel.logits``); with
+  ``--compile`` it is inside the compiled graph and counted in ``layers``
 * ``sample``     - choosing the tokens (``Sampler``)
 * ``finish``     - commit, stop checks, outputs (the rest of ``LLMEngine.step``)
 
@@ -100,7 +101,8 @@ def instrument(engine) -> PhaseTimer:
             timer.wrap(ctx, "attend", "attention")
             return ctx
         runner.context = context
-    timer.wrap(runner.model, "logits", "head")
+    if not getattr(runner, "compiled", False):  # a compiled step's head is inside its graph
+        timer.wrap(runner.model, "logits", "head")
     timer.wrap(engine, "sampler", "sample")
     step = engine.step
 
@@ -127,13 +129,15 @@ def build_model(quick: bool = False, seed: int = 0):
     return LlamaModel(LlamaConfig(**(QUICK_MODEL if quick else BENCH_MODEL))).init_weights(seed=seed).eval()
 
 
-def profile_engine(model, seats: int, prompt_len: int, new_tokens: int, warmup_steps: int = 3) -> dict:
+def profile_engine(model, seats: int, prompt_len: int, new_tokens: int, warmup_steps: int = 3,
+                   enforce_eager: bool = True) -> dict:
     """Per-phase milliseconds per decode step with ``seats`` requests running together."""
     from servelab.engine import LLMEngine
     from servelab.sampling import SamplingParams
 
     eng = LLMEngine.from_model(model, block_size=16, num_kv_blocks=max(64, seats * 24),
-                               max_num_seqs=seats, max_num_batched_tokens=4096)
+                               max_num_seqs=seats, max_num_batched_tokens=4096,
+                               enforce_eager=enforce_eager)
     for i in range(seats):
         prompt = [(7 * i + j) % 4000 + 1 for j in range(prompt_len)]
         eng.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
@@ -190,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="runs per situation; the fastest is kept")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model's forward (LLM(..., enforce_eager=False))")
     a = parser.parse_args(argv)
     import torch
 
@@ -201,14 +207,15 @@ def main(argv=None) -> int:
     prompt_len = 16 if a.quick else 64
     rows = []
     for n in (1, seats):  # the fastest of a few runs: the machine may be shared
-        runs = [profile_engine(model, n, prompt_len, new) for _ in range(max(a.repeats, 1))]
+        runs = [profile_engine(model, n, prompt_len, new, enforce_eager=not a.compile)
+                for _ in range(max(a.repeats, 1))]
         rows.append(min(runs, key=lambda r: r["step_ms"]))
     size = 32 if a.quick else 256
     wall_bw = next(r for r in roofline.measure_bandwidth(size_mb=size, repeats=3)
                    if r["name"] == "matrix-vector")["GB_per_s"] * 1e9
     bw = matvec_bandwidth_cpu_time(size)
     read_ms = 1e3 * weights_read_seconds(model, bw)
-    result = {"threads": a.threads, "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    result = {"threads": a.threads, "compiled": a.compile, "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
               "matvec_GB_per_s": round(bw / 1e9, 2), "matvec_GB_per_s_wall": round(wall_bw / 1e9, 2),
               "weights_read_ms": round(read_ms, 4),
               "batch1_over_weights_read": round(rows[0]["step_ms"] / read_ms, 2), "runs": rows}
