@@ -214,7 +214,10 @@ model = LlamaModel(LlamaConfig(**a["model"])).init_weights(seed=0).eval()
 work = mixed_workload(a["requests"], vocab_size=4000, seed=0, **a["workload"])
 cfg = EngineConfig(block_size=16, num_kv_blocks=a["blocks"], max_num_seqs=a["seats"],
                    max_num_batched_tokens=2048, max_model_len=a["model"]["max_position_embeddings"])
-eng = LLMEngine(ModelRunner(model, a["blocks"], 16), cfg, eos_token_ids=[a["model"]["eos_token_id"]])
+w0 = time.perf_counter()  # LLM(..., enforce_eager=False) compiles at start-up, timed apart from the run
+runner = ModelRunner(model, a["blocks"], 16, **({"compile": True} if a.get("compile") else {}))
+compile_s = time.perf_counter() - w0 if a.get("compile") else 0.0
+eng = LLMEngine(runner, cfg, eos_token_ids=[a["model"]["eos_token_id"]])
 t0, c0 = time.perf_counter(), time.process_time()
 for i, r in enumerate(work):
     eng.add_request(str(i), r.prompt_token_ids,
@@ -226,7 +229,8 @@ while eng.has_unfinished_requests():
         if out.finished:
             total += len(out.outputs[0].token_ids)
 print(json.dumps({"output_tokens": total, "seconds": time.perf_counter() - t0,
-                  "cpu_seconds": time.process_time() - c0, "steps": eng.num_steps}))
+                  "cpu_seconds": time.process_time() - c0, "steps": eng.num_steps,
+                  "compile_seconds": compile_s}))
 """
 
 
@@ -241,9 +245,9 @@ def export_base(dest: Path, commit: str = BASE_COMMIT) -> Path | None:
     return dest / "lib"
 
 
-def run_base(lib: Path, shape, requests, workload_kw, seats, blocks) -> dict:
+def run_base(lib: Path, shape, requests, workload_kw, seats, blocks, compile: bool = False) -> dict:
     args = json.dumps({"model": shape, "requests": requests, "workload": workload_kw, "seats": seats,
-                       "blocks": blocks})
+                       "blocks": blocks, "compile": compile})
     env = dict(os.environ, PYTHONPATH=str(lib), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _BASE_SCRIPT, args], capture_output=True, text=True,
                           env=env, cwd=str(lib.parent), timeout=3600)
@@ -264,45 +268,92 @@ def versus_base(model, shape, workload, cfg, seats, blocks, rounds):
             return {"commit": BASE_COMMIT, "ran": False, "why": "git archive failed (no git checkout?)"}
         import servelab
         here = Path(servelab.__file__).resolve().parents[1]  # this engine's lib/, run the same way
-        now, base = [], []
+        now, compiled, base = [], [], []
         for _ in range(rounds):
             now.append(run_base(here, shape, len(workload), cfg["workload"], seats, blocks))
+            compiled.append(run_base(here, shape, len(workload), cfg["workload"], seats, blocks, compile=True))
             base.append(run_base(lib, shape, len(workload), cfg["workload"], seats, blocks))
     best = lambda runs, key: max(r[key] for r in runs)  # noqa: E731  (interference only slows)
     out = {"commit": BASE_COMMIT, "ran": True, "rounds": rounds, "seats": seats,
-           "how": f"lib/ of {BASE_COMMIT} exported with git archive; each round runs this engine, then "
-                  "that one, each in a fresh process with the same script; best round of each",
+           "how": f"lib/ of {BASE_COMMIT} exported with git archive; each round runs this engine eager, "
+                  "this engine compiled (enforce_eager=False, compiling done before the timed run and "
+                  "reported apart), then that one, each in a fresh process with the same script; "
+                  "best round of each",
            "now": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in now],
+           "compiled": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in compiled],
+           "compile_seconds": [round(r["compile_seconds"], 1) for r in compiled],
            "base": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in base]}
     out["speedup"] = round(best(now, "tokens_per_s") / best(base, "tokens_per_s"), 2)
     out["speedup_cpu"] = round(best(now, "tokens_per_cpu_s") / best(base, "tokens_per_cpu_s"), 2)
+    out["compiled_speedup"] = round(best(compiled, "tokens_per_s") / best(base, "tokens_per_s"), 2)
+    out["compiled_speedup_cpu"] = round(best(compiled, "tokens_per_cpu_s") / best(base, "tokens_per_cpu_s"), 2)
     out["target"] = TARGET_CONTINUOUS_VS_BASE
     out["met"] = out["speedup_cpu"] >= TARGET_CONTINUOUS_VS_BASE
+    out["met_compiled"] = out["compiled_speedup_cpu"] >= TARGET_CONTINUOUS_VS_BASE
     return out
 
 
-def batch_one(model, hf, prompt_len=64, new_tokens=128, repeats=3):
-    """One request alone, engine and transformers interleaved: per-token overhead."""
+def batch_one(model, hf, prompt_len=64, new_tokens=128, repeats=3, compiled: bool = True):
+    """One request alone, engine and transformers interleaved: per-token overhead.
+
+    Eager against eager (the target), and with ``compiled`` also compiled against
+    compiled: the engine with ``enforce_eager=False``, `transformers` with its own
+    recipe for a compiled ``generate`` (a static cache and ``torch.compile`` of the
+    forward pass). Compiling is done before the timed runs and reported apart.
+    """
     prompt = list(range(100, 100 + prompt_len))
-    engine_times, hf_times = [], []
-    for _ in range(repeats):
-        eng = LLMEngine.from_model(model, block_size=16, num_kv_blocks=64, max_num_seqs=1)
+
+    def engine_run(eager):
+        eng = LLMEngine.from_model(model, block_size=16, num_kv_blocks=64, max_num_seqs=1, enforce_eager=eager)
         t = time.perf_counter()
         eng.add_request("a", prompt, params(new_tokens))
         eng.run_to_completion()
-        engine_times.append(time.perf_counter() - t)
+        return time.perf_counter() - t
+
+    def hf_run(**kw):
         t = time.perf_counter()
         with torch.no_grad():
             hf.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                        do_sample=False, eos_token_id=None, pad_token_id=0)
-        hf_times.append(time.perf_counter() - t)
-    e, h = min(engine_times), min(hf_times)
+                        do_sample=False, eos_token_id=None, pad_token_id=0, **kw)
+        return time.perf_counter() - t
+
+    times = {"engine": [], "transformers": []}
+    for _ in range(repeats):
+        times["engine"].append(engine_run(True))
+        times["transformers"].append(hf_run())
+    e, h = min(times["engine"]), min(times["transformers"])
     speedup = round(h / e, 2)
-    return {"prompt_tokens": prompt_len, "new_tokens": new_tokens,
-            "engine_tokens_per_s": round(new_tokens / e, 1), "transformers_tokens_per_s": round(new_tokens / h, 1),
-            "speedup": speedup, "target": TARGET_BATCH_ONE_VS_TRANSFORMERS,
-            "met": speedup >= TARGET_BATCH_ONE_VS_TRANSFORMERS,
-            "timing": f"best of {repeats}, interleaved"}
+    out = {"prompt_tokens": prompt_len, "new_tokens": new_tokens,
+           "engine_tokens_per_s": round(new_tokens / e, 1), "transformers_tokens_per_s": round(new_tokens / h, 1),
+           "speedup": speedup, "target": TARGET_BATCH_ONE_VS_TRANSFORMERS,
+           "met": speedup >= TARGET_BATCH_ONE_VS_TRANSFORMERS,
+           "timing": f"best of {repeats}, interleaved"}
+    if compiled:
+        t = time.perf_counter()
+        LLMEngine.from_model(model, block_size=16, num_kv_blocks=64, max_num_seqs=1, enforce_eager=False)
+        engine_compile = time.perf_counter() - t  # the start-up compiles every kind of step
+        eager_forward = hf.forward
+        hf.forward = torch.compile(hf.forward)
+        try:
+            static = dict(cache_implementation="static")
+            t = time.perf_counter()
+            hf_run(**static)
+            hf_compile = time.perf_counter() - t
+            ce, ch = [], []
+            for _ in range(repeats):
+                ce.append(engine_run(False))
+                ch.append(hf_run(**static))
+        finally:
+            hf.forward = eager_forward
+        e, h = min(ce), min(ch)
+        out["compiled"] = {"engine_tokens_per_s": round(new_tokens / e, 1),
+                           "transformers_tokens_per_s": round(new_tokens / h, 1), "speedup": round(h / e, 2),
+                           "met": h / e >= TARGET_BATCH_ONE_VS_TRANSFORMERS,
+                           "first_run_seconds": {"engine": round(engine_compile, 1),
+                                                 "transformers": round(hf_compile, 1)},
+                           "how": "engine: LLM(..., enforce_eager=False); transformers: "
+                                  "generate(cache_implementation='static') with torch.compile(model.forward)"}
+    return out
 
 
 #: Item 5's third target: a batch-1 step costs at most this many times the time to read its weights.
@@ -319,12 +370,17 @@ def step_profile(model, quick: bool, repeats: int = 3) -> dict:
     for n in (1, seats):
         runs = [P.profile_engine(model, n, prompt_len, new) for _ in range(repeats)]
         rows.append(min(runs, key=lambda r: r["step_ms"]))
+    compiled = min((P.profile_engine(model, 1, prompt_len, new, enforce_eager=False) for _ in range(repeats)),
+                   key=lambda r: r["step_ms"])
     bw = P.matvec_bandwidth_cpu_time(32 if quick else 256)
     read_ms = 1e3 * P.weights_read_seconds(model, bw)
     ratio = rows[0]["step_ms"] / read_ms
+    compiled_ratio = compiled["step_ms"] / read_ms
     return {"runs": rows, "matvec_GB_per_s": round(bw / 1e9, 2), "weights_read_ms": round(read_ms, 4),
             "batch1_over_weights_read": round(ratio, 2), "target": TARGET_BATCH1_OVER_WEIGHTS_READ,
-            "met": ratio <= TARGET_BATCH1_OVER_WEIGHTS_READ,
+            "met": ratio <= TARGET_BATCH1_OVER_WEIGHTS_READ, "compiled_run": compiled,
+            "compiled_batch1_over_weights_read": round(compiled_ratio, 2),
+            "met_compiled": compiled_ratio <= TARGET_BATCH1_OVER_WEIGHTS_READ,
             "how": f"servelab.engine.profile: CPU time per decode step, fastest of {repeats} runs of "
                    f"{new} new tokens after a {prompt_len}-token prompt; weights read once at the mat-vec "
                    "bandwidth measured on the same clock"}
@@ -746,16 +802,27 @@ def report(r) -> str:
         f"{b['new_tokens']} new tokens, {b['timing']}) | {b['speedup']}x ({b['engine_tokens_per_s']} vs "
         f"{b['transformers_tokens_per_s']} tok/s) | {yes(b['met'])} |",
     ]
+    bc = b.get("compiled")
+    if bc:
+        lines.append(f"| the same, both compiled ({bc['how']}) | {bc['speedup']}x ({bc['engine_tokens_per_s']} "
+                     f"vs {bc['transformers_tokens_per_s']} tok/s) | {yes(bc['met'])} |")
     sp = r.get("step_profile")
     if sp:
         one = sp["runs"][0]
         lines.append(f"| a batch-1 step <= {sp['target']}x the time to read its weights once at the "
                      f"mat-vec bandwidth | {sp['batch1_over_weights_read']}x ({one['step_ms']:.2f} ms against "
                      f"{sp['weights_read_ms']:.2f} ms at {sp['matvec_GB_per_s']} GB/s) | {yes(sp['met'])} |")
+        if "compiled_run" in sp:
+            lines.append(f"| the same, compiled (`enforce_eager=False`) | {sp['compiled_batch1_over_weights_read']}x "
+                         f"({sp['compiled_run']['step_ms']:.2f} ms) | {yes(sp['met_compiled'])} |")
     if vb.get("ran"):
         lines.append(f"| {vb['seats']}-seat continuous >= {vb['target']}x the engine at {vb['commit']} "
                      f"({vb['rounds']} interleaved rounds) | {vb['speedup_cpu']}x per CPU-second "
                      f"({vb['speedup']}x wall) | {yes(vb['met'])} |")
+        if "compiled_speedup_cpu" in vb:
+            lines.append(f"| the same, this engine compiled (`enforce_eager=False`) | "
+                         f"{vb['compiled_speedup_cpu']}x per CPU-second ({vb['compiled_speedup']}x wall) | "
+                         f"{yes(vb['met_compiled'])} |")
     else:
         lines.append(f"| continuous >= {TARGET_CONTINUOUS_VS_BASE}x the engine at {vb['commit']} | "
                      f"not run ({vb['why']}) | - |")
@@ -769,8 +836,13 @@ def report(r) -> str:
                   f"CPU-second, **{em['step_ratio']}x** in steps; preemptions: {em['continuous']['preemptions']}."]
     if vb.get("ran"):
         lines += ["", f"How: {vb['how']}. Rounds (tok per CPU-s), this engine "
-                  f"{[s['tokens_per_cpu_s'] for s in vb['now']]}, at {vb['commit']} "
-                  f"{[s['tokens_per_cpu_s'] for s in vb['base']]}."]
+                  f"{[s['tokens_per_cpu_s'] for s in vb['now']]}"
+                  + (f", compiled {[s['tokens_per_cpu_s'] for s in vb['compiled']]} (compiling took "
+                     f"{vb['compile_seconds']} s, not counted)" if "compiled" in vb else "")
+                  + f", at {vb['commit']} {[s['tokens_per_cpu_s'] for s in vb['base']]}."]
+    if bc:
+        lines += ["", f"Batch of one, compiled: the first (compiling) run took {bc['first_run_seconds']['engine']} s "
+                  f"for the engine and {bc['first_run_seconds']['transformers']} s for `transformers`, not counted."]
     if sp:
         phases = list(sp["runs"][0]["phases_ms"])
         lines += ["", f"### Where a decode step's time goes ({sp['how']})", "",

@@ -64,12 +64,12 @@ def test_a_weight_swap_reaches_the_compiled_step(compiled_run):
 def test_positions_beyond_the_rope_table_run_eagerly(compiled_run, monkeypatch):
     _, eng = compiled_run
     model = eng.runner.model
-    monkeypatch.setattr(model.rotary, "max_positions", 8)  # the table covers positions 0-7 only
-    calls = []
-    import servelab.engine.model_runner as mr
-    monkeypatch.setattr(mr, "_compiled_model_step", lambda: calls.append(1) or pytest.fail("compiled"))
     ref = LlamaModel(LlamaConfig(**CFG)).eval()
     ref.load_state_dict(model.state_dict())
-    long = [list(range(30, 42))]
-    assert _run(model, enforce_eager=False, prompts=long)[0] == _run(ref, enforce_eager=True, prompts=long)[0]
-    assert not calls
+    compiled = LLMEngine.from_model(model, block_size=4, num_kv_blocks=96, enforce_eager=False)
+    monkeypatch.setattr(model.rotary, "max_positions", 8)  # the table now covers positions 0-7 only
+    import servelab.engine.model_runner as mr
+    monkeypatch.setattr(mr, "_compiled_model_step", lambda: pytest.fail("a compiled step past the table"))
+    compiled.add_request("r", list(range(30, 42)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    got = compiled.run_to_completion()["r"].outputs[0].token_ids
+    assert got == _run(ref, enforce_eager=True, prompts=[list(range(30, 42))])[0]["0"][:3]

@@ -273,6 +273,36 @@ class ModelRunner:
         model.fuse_projections(column_major=self.dtype == torch.float32)
         self._scratch: dict = {}  # the step contexts' gather buffer, one per dtype, kept across steps
         self.compiled = bool(compile)
+        if self.compiled:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Compile every kind of step before the first request, as vLLM compiles at start-up.
+
+        A graph is specialised on whether a step has one row or several, and on
+        how many rows get logits (all of them: no row list; none, one, several),
+        so six small synthetic steps cover them all; the pool is zeroed after.
+        """
+        bs = self.block_size
+        if len(self.kv_pools[0]) < 2:
+            return  # too small a pool to write two sequences: compiled on first use instead
+
+        def step(q_lens, ctx_lens, rows, decodes):
+            tables = [[i] for i in range(len(q_lens))]
+            slots = [t[0] * bs + p for t, c, n in zip(tables, ctx_lens, q_lens) for p in range(c - n, c)]
+            return StepInput(input_ids=[1] * len(slots), positions=[p % bs for p in slots],
+                             slot_mapping=slots, query_lens=q_lens, context_lens=ctx_lens,
+                             block_tables=tables, sample_rows=rows, num_decode_rows=decodes)
+        n = min(3, bs)
+        for s in (step([1], [1], [0], 1),                       # one row, its logits
+                  step([1, 1], [1, 1], [0, 1], 2),              # decodes: every row's logits
+                  step([n], [n], [n - 1], 0),                   # a prompt: its last row's logits
+                  step([1, n], [1, n], [0, n], 1),              # a decode and a prompt
+                  step([n], [n], [], 0),                        # a chunk inside a prompt: no logits
+                  step([1], [1], [], 0)):                       # a one-token chunk inside a prompt
+            self.execute(s)
+        for p in self.kv_pools:
+            p.zero_()
 
     @property
     def k_cache(self) -> list[torch.Tensor]:

@@ -55,6 +55,7 @@ class PhaseTimer:
         self.seconds = {p: 0.0 for p in PHASES}
         self.steps = 0
         self._stack: list[list[float]] = []
+        self._wrapped: list = []
 
     @contextmanager
     def phase(self, name: str):
@@ -69,13 +70,22 @@ class PhaseTimer:
             if self._stack:
                 self._stack[-1][0] += dt
 
-    def wrap(self, obj, attr: str, name: str):
+    def wrap(self, obj, attr: str, name: str, record: bool = True):
         fn = getattr(obj, attr)
 
         def timed(*args, **kwargs):
             with self.phase(name):
                 return fn(*args, **kwargs)
         setattr(obj, attr, timed)
+        if record:  # a step's context is thrown away after the step: nothing to undo
+            self._wrapped.append((obj, attr))
+
+    def unwrap(self) -> None:
+        """Remove every wrapper (the instance attributes ``wrap`` set): a model profiled
+        twice must not time its head through two wrappers, or a compiled graph trace one."""
+        for obj, attr in reversed(self._wrapped):
+            vars(obj).pop(attr, None)
+        self._wrapped.clear()
 
     def per_step_ms(self) -> dict[str, float]:
         n = max(self.steps, 1)
@@ -98,7 +108,7 @@ def instrument(engine) -> PhaseTimer:
         def context(step):
             with timer.phase("context"):
                 ctx = make(step)
-            timer.wrap(ctx, "attend", "attention")
+            timer.wrap(ctx, "attend", "attention", record=False)
             return ctx
         runner.context = context
     if not getattr(runner, "compiled", False):  # a compiled step's head is inside its graph
@@ -112,7 +122,12 @@ def instrument(engine) -> PhaseTimer:
         timer.steps += 1
         return out
     engine.step = timed_step
-    timer.restore = lambda: setattr(engine_module, "prepare_step", prepare)
+    def restore():
+        engine_module.prepare_step = prepare
+        timer.unwrap()
+        vars(engine).pop("step", None)
+        vars(runner).pop("context", None)
+    timer.restore = restore
     return timer
 
 
