@@ -73,3 +73,10 @@ def test_positions_beyond_the_rope_table_run_eagerly(compiled_run, monkeypatch):
     compiled.add_request("r", list(range(30, 42)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     got = compiled.run_to_completion()["r"].outputs[0].token_ids
     assert got == _run(ref, enforce_eager=True, prompts=[list(range(30, 42))])[0]["0"][:3]
+
+
+def test_a_second_model_runs_its_own_weights(compiled_run):
+    other = _model(seed=7)
+    ref = LlamaModel(LlamaConfig(**CFG)).eval()
+    ref.load_state_dict(other.state_dict())
+    assert _run(other, enforce_eager=False)[0] == _run(ref, enforce_eager=True)[0]
