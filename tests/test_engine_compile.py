@@ -80,3 +80,11 @@ def test_a_second_model_runs_its_own_weights(compiled_run):
     ref = LlamaModel(LlamaConfig(**CFG)).eval()
     ref.load_state_dict(other.state_dict())
     assert _run(other, enforce_eager=False)[0] == _run(ref, enforce_eager=True)[0]
+
+
+def test_a_bf16_pool_under_a_compiled_fp32_model(compiled_run):
+    model = compiled_run[1].runner.model
+    ref = LlamaModel(LlamaConfig(**CFG)).eval()
+    ref.load_state_dict(model.state_dict())
+    got = _run(model, enforce_eager=False, kv_dtype=torch.bfloat16)[0]
+    assert got == _run(ref, enforce_eager=True, kv_dtype=torch.bfloat16)[0]

@@ -482,7 +482,9 @@ class Attention(nn.Module):
                 q = _rope_roll(q.view(T, H, D), cos, signed)
                 k = _rope_roll(k.view(T, KVH, D), cos, signed)
                 kv = torch.stack((k, v.view(T, KVH, D)), dim=1)
-            if torch.compiler.is_compiling():  # attention stays out of the graph (vLLM's split)
+            if torch.compiler.is_compiling() and not getattr(cache, "lone", False):
+                # attention stays out of the graph (vLLM's split), except for a request
+                # decoding alone, whose context attends inside it
                 o = torch.ops.servelab.step_attend(q, kv, self.layer_idx, self.scale)
             else:
                 o = cache.attend(self.layer_idx, q, kv, self.scale)

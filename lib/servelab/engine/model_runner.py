@@ -222,8 +222,42 @@ class _CompiledStep:
 _COMPILED_STEP = _CompiledStep()
 
 
-def _model_step(model, ids, positions, rows):
-    return model(ids, positions, cache=_COMPILED_STEP, logits_rows=rows)
+class _LoneDecodeStep:
+    """A compiled step of one decode row alone (a request decoding by itself): its
+    attention reads its context's slots inside the graph, so the whole step is one
+    graph with no call out to a step context."""
+
+    ragged = True
+    lone = True
+    max_position = 0
+
+    def __init__(self, slot_views, slot: torch.Tensor, context_slots: torch.Tensor):
+        self.slot_views, self.slot, self.context_slots = slot_views, slot, context_slots
+
+    def attend(self, layer_idx: int, q, kv, scale: float):
+        flat = self.slot_views[layer_idx]                   # [num_slots, 2, KVH, D]
+        flat.index_copy_(0, self.slot, kv)
+        g = flat[self.context_slots]                        # [L, 2, KVH, D]: one short read
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], g[:, 0].transpose(0, 1)[None],
+                                           g[:, 1].transpose(0, 1)[None], scale=scale,
+                                           enable_gqa=q.shape[1] != kv.shape[2])
+        return o[0].transpose(0, 1)
+
+
+def _lone_decode_slots(step: StepInput, block_size: int) -> torch.Tensor | None:
+    """The slots of the context of a step's one decode row, or None if the step is anything else."""
+    if step.num_decode_rows != 1 or len(step.input_ids) != 1:
+        return None
+    length = step.context_lens[0]
+    blocks = torch.as_tensor(step.block_tables[0][:blocks_for(length, block_size)], dtype=torch.long)
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:length]
+    if length >= 2:  # compiled for any length (one graph), not specialised to the first one seen
+        torch._dynamo.mark_dynamic(slots, 0)
+    return slots
+
+
+def _model_step(model, ids, positions, rows, cache):
+    return model(ids, positions, cache=cache, logits_rows=rows)
 
 
 _COMPILED: list = []
@@ -279,28 +313,33 @@ class ModelRunner:
         model.fuse_projections(column_major=self.dtype == torch.float32)
         self._scratch: dict = {}  # the step contexts' gather buffer, one per dtype, kept across steps
         self.compiled = bool(compile)
+        self._slot_views = [p.view(-1, *p.shape[2:]) for p in self.kv_pools]  # a row per slot
+        self._same_dtype = kv_dtype == self.dtype
         if self.compiled:
             self.warm_up()
 
     def warm_up(self) -> None:
         """Compile every kind of step before the first request, as vLLM compiles at start-up.
 
-        A graph is specialised on whether a step has one row or several, and on
-        how many rows get logits (all of them: no row list; none, one, several),
-        so six small synthetic steps cover them all; the pool is zeroed after.
+        A graph is specialised on whether a step has one row or several, on how
+        many rows get logits (all of them: no row list; none, one, several), and
+        on whether it is one decode row alone (then attention is in the graph).
+        Seven small synthetic steps cover them all; the pool is zeroed after.
         """
         bs = self.block_size
-        if len(self.kv_pools[0]) < 2:
-            return  # too small a pool to write two sequences: compiled on first use instead
+        if len(self.kv_pools[0]) < 2 or bs < 2:
+            return  # too small a pool for the synthetic steps: compiled on first use instead
 
-        def step(q_lens, ctx_lens, rows, decodes):
-            tables = [[i] for i in range(len(q_lens))]
-            slots = [t[0] * bs + p for t, c, n in zip(tables, ctx_lens, q_lens) for p in range(c - n, c)]
-            return StepInput(input_ids=[1] * len(slots), positions=[p % bs for p in slots],
-                             slot_mapping=slots, query_lens=q_lens, context_lens=ctx_lens,
-                             block_tables=tables, sample_rows=rows, num_decode_rows=decodes)
+        def step(q_lens, ctx_lens, rows, decodes, tables=None):
+            tables = tables or [[i] for i in range(len(q_lens))]
+            slots = [t[(p // bs)] * bs + p % bs for t, c, n in zip(tables, ctx_lens, q_lens)
+                     for p in range(c - n, c)]
+            positions = [p for c, n in zip(ctx_lens, q_lens) for p in range(c - n, c)]
+            return StepInput(input_ids=[1] * len(slots), positions=positions, slot_mapping=slots,
+                             query_lens=q_lens, context_lens=ctx_lens, block_tables=tables,
+                             sample_rows=rows, num_decode_rows=decodes)
         n = min(3, bs)
-        for s in (step([1], [1], [0], 1),                       # one row, its logits
+        for s in (step([1], [2], [0], 1),                       # one row alone: attention in the graph
                   step([1, 1], [1, 1], [0, 1], 2),              # decodes: every row's logits
                   step([n], [n], [n - 1], 0),                   # a prompt: its last row's logits
                   step([1, n], [1, n], [0, n], 1),              # a decode and a prompt
@@ -337,14 +376,17 @@ class ModelRunner:
         rows = step.sample_rows
         # every row samples (a pure decode step): no row gather before the head
         rows = None if rows == list(range(len(step.input_ids))) else torch.as_tensor(rows, dtype=torch.long)
-        ctx = self.context(step)
-        if not self.compiled or ctx.max_position >= self.model.rotary.max_positions:
-            return self.model(ids, positions, cache=ctx, logits_rows=rows).float()
-        # compiled: what a graph cannot check is checked here, then attention reads ctx
-        self.model.refresh_fusions()
-        self.model.rotary.table()
-        _STEP_CONTEXTS.append(ctx)
-        try:
-            return _compiled_model_step()(self.model, ids, positions, rows).float()
-        finally:
-            _STEP_CONTEXTS.pop()
+        if self.compiled and max(step.positions, default=0) < self.model.rotary.max_positions:
+            # compiled: what a graph cannot check is checked here
+            self.model.refresh_fusions()
+            self.model.rotary.table()
+            lone = _lone_decode_slots(step, self.block_size) if self._same_dtype else None
+            if lone is not None:  # the whole step in the graph
+                cache = _LoneDecodeStep(self._slot_views, ids.new_tensor(step.slot_mapping), lone)
+                return _compiled_model_step()(self.model, ids, positions, rows, cache).float()
+            _STEP_CONTEXTS.append(self.context(step))  # attention reads it through step_attend
+            try:
+                return _compiled_model_step()(self.model, ids, positions, rows, _COMPILED_STEP).float()
+            finally:
+                _STEP_CONTEXTS.pop()
+        return self.model(ids, positions, cache=self.context(step), logits_rows=rows).float()
