@@ -22,3 +22,10 @@ def test_weights_read_counts_each_matrix_once():
     model = profile.build_model(quick=True)
     params = arith.count_params(model.config).matmul_active
     assert profile.weights_read_seconds(model, 4.0) == params  # 4 bytes each at 4 bytes/s
+
+
+def test_matmuls_alone_time_is_a_positive_duration():
+    from servelab.engine.profile import build_model, matmuls_alone_seconds
+    model = build_model(quick=True).fuse_projections(column_major=True)
+    seconds = matmuls_alone_seconds(model, repeats=3)
+    assert 0 < seconds < 1

@@ -36,7 +36,7 @@ import os
 import time
 from contextlib import contextmanager
 
-__all__ = ["PhaseTimer", "profile_engine", "weights_read_seconds", "main"]
+__all__ = ["PhaseTimer", "profile_engine", "weights_read_seconds", "matmuls_alone_seconds", "main"]
 
 #: The engine benchmark's model shape (benchmarks/bench_engine.py MODEL).
 BENCH_MODEL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
@@ -189,6 +189,33 @@ def matvec_bandwidth_cpu_time(size_mb: int = 256, repeats: int = 5) -> float:
         times.append(time.thread_time() - t)
     times.sort()
     return side * side * 4 / times[len(times) // 4]
+
+
+def matmuls_alone_seconds(model, repeats: int = 100) -> float:
+    """CPU seconds of a batch-1 step's matrix products alone: every linear of the model
+    (as the engine stores them: fused, column-major in fp32) applied to one row, back
+    to back, nothing in between. The floor under a batch-1 step's cost, to set beside
+    :func:`weights_read_seconds` (small matrices stream slower than one large one)."""
+    import torch
+    import torch.nn.functional as F
+    mats = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for fused, parts in ((attn.fused_qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                             (None, (attn.o_proj,)), (mlp.fused_gate_up, (mlp.gate_proj, mlp.up_proj)),
+                             (None, (mlp.down_proj,))):
+            mats += [fused.weight] if fused is not None else [p.weight for p in parts]
+    mats.append(model.lm_head.weight)
+    rows = {w.shape[1]: torch.ones(1, w.shape[1], dtype=w.dtype) for w in mats}
+    with torch.inference_mode():
+        for _ in range(max(repeats // 10, 1)):
+            for w in mats:
+                F.linear(rows[w.shape[1]], w)
+        t = time.thread_time()
+        for _ in range(repeats):
+            for w in mats:
+                F.linear(rows[w.shape[1]], w)
+        return (time.thread_time() - t) / repeats
 
 
 def weights_read_seconds(model, bandwidth: float) -> float:
