@@ -361,6 +361,10 @@ def _step_signed_sin(cache, sin: torch.Tensor) -> torch.Tensor:
 # forward into one graph, except attention: the paged step context is Python (block
 # tables, groups of rows), so the graph calls it as one opaque operator that reads
 # the context of the step being run, as vLLM's compiled models call their attention.
+# The operator also writes the rows' K/V into the pool, which is not one of its
+# arguments (declared: no mutation), as vLLM's does: the compiler cannot move or drop
+# it, because each layer's attention output feeds the next layer, and the pool is
+# read only by attention operators of the same layer, in order.
 _STEP_CONTEXTS: list = []
 
 

@@ -277,7 +277,7 @@ _COMPILED: list = []
 def _compiled_model_step():
     """``torch.compile`` of one model step, made once per process: every runner shares it.
 
-    Its graphs are kept per kind of step (:meth:`ModelRunner.warm_up`: six) and
+    Its graphs are kept per kind of step (the ones :meth:`ModelRunner.warm_up` runs) and
     per model shape: models of the same shape share them (the weights are graph
     inputs, read at every call). ``torch._dynamo``'s recompile limit (8 graphs per
     function) caps the shapes one process compiles; past it, steps run eagerly
@@ -335,7 +335,7 @@ class ModelRunner:
         A graph is specialised on whether a step has one row or several, on how
         many rows get logits (all of them: no row list; none, one, several), and
         on whether it is one decode row alone (then attention is in the graph).
-        Seven small synthetic steps cover them all; the pool is zeroed after.
+        One small synthetic step of each kind covers them all; the pool is zeroed after.
         """
         bs = self.block_size
         if len(self.kv_pools[0]) < 2 or bs < 2:
