@@ -6,8 +6,11 @@ import pytest
 import torch
 
 from servelab.engine import LLMEngine
+from servelab.engine.model_runner import can_compile
 from servelab.model import LlamaConfig, LlamaModel, _STEP_CONTEXTS
 from servelab.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not can_compile(), reason="torch.compile needs a C++ compiler (none here)")
 
 CFG = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)

@@ -30,7 +30,7 @@ from servelab.engine.scheduler import SchedulerOutput
 from servelab.model import _STEP_CONTEXTS
 from servelab.paged import blocks_for, group_decode_rows
 
-__all__ = ["StepInput", "prepare_step", "PagedStepContext", "ModelRunner"]
+__all__ = ["StepInput", "prepare_step", "PagedStepContext", "ModelRunner", "can_compile"]
 
 
 @dataclass
@@ -225,6 +225,15 @@ class PagedStepContext:
         return out
 
 
+def can_compile() -> bool:
+    """Whether ``torch.compile`` can build CPU code here: it needs a C++ compiler
+    (``$CXX``, ``g++``, ``clang++`` or ``c++`` on the PATH)."""
+    import os
+    import shutil
+    names = [os.environ.get("CXX")] + ["g++", "clang++", "c++"]
+    return any(n and shutil.which(n) for n in names)
+
+
 class _CompiledStep:
     """What the model sees as its cache inside a compiled step: ragged rows, positions
     inside the RoPE table (the runner checked), attention through ``step_attend``."""
@@ -323,6 +332,10 @@ class ModelRunner:
         # the 213M decoder's batch-8 step was ~10% slower that way, so bf16 keeps row-major)
         model.fuse_projections(column_major=self.dtype == torch.float32)
         self._scratch: dict = {}  # the step contexts' gather buffer, one per dtype, kept across steps
+        if compile and not can_compile():
+            raise RuntimeError("enforce_eager=False compiles the model with torch.compile, which needs a "
+                               "C++ compiler for CPU code (none found: install g++ or set $CXX), or keep "
+                               "enforce_eager=True")
         self.compiled = bool(compile)
         self._slot_views = [p.view(-1, *p.shape[2:]) for p in self.kv_pools]  # a row per slot
         self._same_dtype = kv_dtype == self.dtype
