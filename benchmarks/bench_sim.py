@@ -33,7 +33,7 @@ import numpy as np
 from servelab import machine
 from servelab.sim import ReplicaConfig, RooflineStepModel, simulate, synthetic
 from servelab.sim import calibrate as cal
-from servelab.sim.step_model import STEP_KINDS, KindStepModel, fit_report
+from servelab.sim.step_model import STEP_KINDS, fit_report
 from servelab.sim.workload import Exponential, LogNormal
 
 from _common import RESULTS, parser, write_results

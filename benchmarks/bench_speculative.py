@@ -29,7 +29,7 @@ from servelab.machine import describe
 from servelab.model import load_course_model
 from servelab.sampling import SamplingParams
 from servelab.speculative import (DraftModelProposer, NgramProposer, code_windows, edit_prompt,
-                                  expected_speedup, expected_tokens_per_pass, speculative_generate)
+                                  expected_tokens_per_pass, speculative_generate)
 
 from _common import RESULTS, parser, write_results
 
