@@ -273,18 +273,22 @@ def versus_base(model, shape, workload, cfg, seats, blocks, rounds):
         import servelab
         here = Path(servelab.__file__).resolve().parents[1]  # this engine's lib/, run the same way
         now, compiled, base = [], [], []
-        for _ in range(rounds):
-            now.append(run_base(here, shape, len(workload), cfg["workload"], seats, blocks))
-            if COMPILE:
-                compiled.append(run_base(here, shape, len(workload), cfg["workload"], seats, blocks, compile=True))
-            base.append(run_base(lib, shape, len(workload), cfg["workload"], seats, blocks))
+        runs = {"now": (now, here, False), "base": (base, lib, False)}
+        if COMPILE:
+            runs["compiled"] = (compiled, here, True)
+        order = list(runs)
+        for i in range(rounds):  # the order rotates, so a machine slowing down over the run favours none
+            for name in order[i % len(order):] + order[:i % len(order)]:
+                into, where, compile_ = runs[name]
+                into.append(run_base(where, shape, len(workload), cfg["workload"], seats, blocks, compile=compile_))
     best = lambda runs, key: max(r[key] for r in runs)  # noqa: E731  (reported beside the median)
     out = {"commit": BASE_COMMIT, "ran": True, "rounds": rounds, "seats": seats,
            "how": f"lib/ of {BASE_COMMIT} exported with git archive; each round runs this engine eager, "
                   "this engine compiled (enforce_eager=False, compiling done before the timed run and "
-                  "reported apart), then that one, each in a fresh process with the same script; the "
-                  "ratio is the median over rounds of each round's ratio (runs of one round are minutes "
-                  "apart, while the machine's speed drifts over a run)",
+                  "reported apart) and that one, each in a fresh process with the same script, in an order "
+                  "that rotates from round to round; the ratio is the median over rounds of each round's "
+                  "ratio (the machine's speed drifts over a run)",
+           "order": [(order[i % len(order):] + order[:i % len(order)]) for i in range(rounds)],
            "now": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in now],
            "compiled": [{k: r[k] for k in ("tokens_per_s", "tokens_per_cpu_s", "steps")} for r in compiled],
            "compile_seconds": [round(r["compile_seconds"], 1) for r in compiled],
