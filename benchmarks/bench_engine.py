@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,8 +297,7 @@ def versus_base(model, shape, workload, cfg, seats, blocks, rounds):
 
     def by_round(runs, key):  # each round's ratio to the old engine's run of the same round
         ratios = sorted(r[key] / b[key] for r, b in zip(runs, base))
-        return ratios, round(ratios[len(ratios) // 2] if len(ratios) % 2 else
-                             (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2, 2)
+        return ratios, round(statistics.median(ratios), 2)
 
     out["round_ratios_cpu"], out["speedup_cpu"] = by_round(now, "tokens_per_cpu_s")
     out["speedup"] = by_round(now, "tokens_per_s")[1]
@@ -386,12 +386,6 @@ def batch_one(model, hf, prompt_len=64, new_tokens=128, repeats=3, compiled: boo
 TARGET_BATCH1_OVER_WEIGHTS_READ = 2.5
 
 
-def runner_model(model):
-    """The model as the engine's runner stores it (fused projections, fp32 column-major)."""
-    LLMEngine.from_model(model, block_size=16, num_kv_blocks=64, max_num_seqs=1)  # fuses in place
-    return model
-
-
 def step_profile(model, quick: bool, repeats: int = 3, pairs: int = 7) -> dict:
     """Where a step's time goes, by phase (``servelab.engine.profile``), at batch 1 and at the
     benchmark's seat count, and the batch-1 step against one read of its weights.
@@ -417,12 +411,13 @@ def step_profile(model, quick: bool, repeats: int = 3, pairs: int = 7) -> dict:
         eager_ms = P.profile_engine(model, 1, prompt_len, new)["step_ms"]
         compiled_ms = P.profile_engine(model, 1, prompt_len, new, enforce_eager=False)["step_ms"] \
             if COMPILE else float("nan")
-        mats_ms = 1e3 * P.matmuls_alone_seconds(runner_model(model), 20 if quick else 100)
+        # the profile's engines fused the model in place: its matrices as the runner stores them
+        mats_ms = 1e3 * P.matmuls_alone_seconds(model, 20 if quick else 100)
         samples.append({"matvec_GB_per_s": round(bw / 1e9, 2), "weights_read_ms": round(read_ms, 4),
                         "matmuls_alone_ms": round(mats_ms, 4), "matmuls_alone_ratio": round(mats_ms / read_ms, 3),
                         "eager_step_ms": round(eager_ms, 4), "compiled_step_ms": round(compiled_ms, 4),
                         "eager_ratio": round(eager_ms / read_ms, 3), "compiled_ratio": round(compiled_ms / read_ms, 3)})
-    mid = lambda key: float(sorted(x[key] for x in samples)[len(samples) // 2])  # noqa: E731  (median)
+    mid = lambda key: statistics.median(x[key] for x in samples)  # noqa: E731
     ratio, compiled_ratio = mid("eager_ratio"), mid("compiled_ratio")
     floor = mid("matmuls_alone_ratio")
     for x in samples:

@@ -123,3 +123,17 @@ def test_tiled_attention_keeps_dtype_and_refuses_bad_input():
         tiled_attention(q, q, q, block_size=0)
     with pytest.raises(ValueError, match="kv_time >= q_time"):
         tiled_attention(q, q[:, :, :2], q[:, :, :2])
+
+
+def test_decode_attention_matches_sdpa_with_grouped_heads():
+    import torch.nn.functional as F
+
+    from servelab.attention import decode_attention
+    g = torch.Generator().manual_seed(0)
+    B, H, KVH, L, D = 3, 8, 2, 11, 16
+    q, k, v = (torch.randn(*s, generator=g) for s in ((B, H, D), (B, KVH, L, D), (B, KVH, L, D)))
+    mask = (torch.arange(L) < torch.tensor([11, 7, 4])[:, None])[:, None, None, :]
+    ref = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(decode_attention(q, k, v, mask, 0.3), ref[:, :, 0])
+    plain = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=0.3, enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(decode_attention(q, k, v, None, 0.3), plain)

@@ -26,6 +26,7 @@ __all__ = [
     "rotate_half",
     "apply_rope",
     "repeat_kv",
+    "decode_attention",
     "attention_scores",
     "attention_probs",
     "naive_attention",
@@ -262,3 +263,20 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         acc = acc * rescale + p @ vb
         m = m_new
     return (acc / l).to(q.dtype)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """One query row per sequence: ``q [B, H, D]`` against ``k, v [B, KVH, L, D]``
+    (``mask`` None or broadcastable to ``[B, 1, 1, L]``, True = attend); returns ``[B, H, D]``.
+
+    The ``G = H / KVH`` query heads that share a K/V head (heads ``j*G .. (j+1)*G - 1``
+    use K/V head ``j``, as :func:`repeat_kv` pairs them) are passed to SDPA as ``G``
+    query rows of that head rather than as ``G`` heads: the same result, and the
+    kernel reads each K/V head once for all of them instead of once per query head.
+    """
+    import torch.nn.functional as F
+    B, H, D = q.shape
+    KVH = k.shape[1]
+    o = F.scaled_dot_product_attention(q.view(B, KVH, H // KVH, D), k, v, attn_mask=mask, scale=scale)
+    return o.reshape(B, H, D)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.attention import apply_rope, mask_from_positions, rope_cos_sin, rope_inv_freq, rotate_half
+from servelab.attention import apply_rope, decode_attention, mask_from_positions, rope_cos_sin, rope_inv_freq
 from servelab.specs import ModelConfig
 
 __all__ = [
@@ -215,42 +215,43 @@ def _refused(current, linears, column_major: bool):
     return current if keep and current.is_current(linears) else None
 
 
+def _current_fusion(owner: nn.Module, attr: str, linears):
+    """The group's fusion (``owner.<attr>``), rebuilt first if it went stale (after
+    ``.to(dtype)`` or a weight swap), or None once the group is no longer all plain
+    ``nn.Linear``: so a fusion can never be used with old weights."""
+    fused = getattr(owner, attr)
+    if fused is None or fused.is_current(linears):
+        return fused
+    fresh = None
+    if fusable(linears):
+        with torch.inference_mode(False), torch.no_grad():
+            fresh = FusedLinears(linears, column_major=getattr(fused, "column_major", False))
+    setattr(owner, attr, fresh)
+    return fresh
+
+
 def _fused_output(owner: nn.Module, attr: str, linears, x):
     """The fused group's whole output ``[..., sum(out)]`` in one matmul, or None when
     the group is not a :class:`FusedLinears` (or training): then call :func:`_apply_linears`."""
     fused = getattr(owner, attr)
     if not isinstance(fused, FusedLinears) or torch.is_grad_enabled():
         return None  # unfused, or another kind of fusion (a quantized one): its own __call__
-    if torch.compiler.is_compiling():
-        # a compiled engine step: the runner called refresh_fusions() just before it
-        return F.linear(x, fused.weight, fused.bias)
-    if not fused.is_current(linears):
-        if not fusable(linears):
+    if not torch.compiler.is_compiling():  # a compiled step's runner called refresh_fusions()
+        fused = _current_fusion(owner, attr, linears)
+        if fused is None:
             return None
-        with torch.inference_mode(False), torch.no_grad():
-            fused = FusedLinears(linears, column_major=fused.column_major)
-        setattr(owner, attr, fused)
     return F.linear(x, fused.weight, fused.bias)
 
 
 def _apply_linears(owner: nn.Module, attr: str, linears, x):
     """Each linear applied to ``x``: in one fused matmul when the group is fused, else one by one.
 
-    A stale fusion (after ``.to(dtype)`` or a weight swap) is rebuilt here, so it can
-    never be used with old weights; a group that is no longer all plain
-    ``nn.Linear`` runs one by one. Training always takes the separate linears, so
-    each weight gets its own gradient.
+    A stale fusion is rebuilt first (:func:`_current_fusion`); a group that is no
+    longer all plain ``nn.Linear`` runs one by one. Training always takes the
+    separate linears, so each weight gets its own gradient.
     """
-    fused = getattr(owner, attr)
-    if fused is None or torch.is_grad_enabled():
-        return [l(x) for l in linears]
-    if not fused.is_current(linears):
-        if not fusable(linears):
-            return [l(x) for l in linears]
-        with torch.inference_mode(False), torch.no_grad():
-            fused = FusedLinears(linears, column_major=fused.column_major)
-        setattr(owner, attr, fused)
-    return fused(x)
+    fused = None if torch.is_grad_enabled() else _current_fusion(owner, attr, linears)
+    return [l(x) for l in linears] if fused is None else fused(x)
 
 
 # ====================================================================== layers
@@ -451,12 +452,9 @@ class Attention(nn.Module):
         """
         b, _, t, _ = q.shape
         G = self.kv_groups
-        if t == 1 and G > 1 and not is_causal and (mask is None or mask.dim() <= 2 or mask.shape[-2:-1] == (1,)
-                                                    and mask.dim() == 4 and mask.shape[1] == 1):
-            # one new token: the G query heads of a K/V head go in as G query rows of that
-            # head, so the kernel reads each K/V head once (engine/model_runner.decode_attention)
-            out = F.scaled_dot_product_attention(q.view(b, self.num_kv_heads, G, self.head_dim), k, v,
-                                                 attn_mask=mask, scale=self.scale).view(b, self.num_heads, 1, -1)
+        one_row_mask = mask is None or (mask.shape[-2] == 1 and (mask.dim() < 4 or mask.shape[1] == 1))
+        if t == 1 and G > 1 and not is_causal and one_row_mask:  # one new token: each K/V head read once
+            out = decode_attention(q[:, :, 0], k, v, mask, self.scale)[:, :, None]
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
                                                  scale=self.scale, enable_gqa=G > 1)
@@ -731,15 +729,8 @@ class LlamaModel(nn.Module):
         """
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            for owner, attr, linears in ((attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj)),
-                                         (mlp, "fused_gate_up", (mlp.gate_proj, mlp.up_proj))):
-                fused = getattr(owner, attr)
-                if isinstance(fused, FusedLinears) and not fused.is_current(linears):
-                    if fusable(linears):
-                        with torch.inference_mode(False), torch.no_grad():
-                            setattr(owner, attr, FusedLinears(linears, column_major=fused.column_major))
-                    else:
-                        setattr(owner, attr, None)
+            _current_fusion(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj))
+            _current_fusion(mlp, "fused_gate_up", (mlp.gate_proj, mlp.up_proj))
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied head is counted once)."""

@@ -257,7 +257,8 @@ def main(argv=None) -> int:
                    if r["name"] == "matrix-vector")["GB_per_s"] * 1e9
     bw = matvec_bandwidth_cpu_time(size)
     read_ms = 1e3 * weights_read_seconds(model, bw)
-    result = {"threads": a.threads, "compiled": a.compile, "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    result = {"threads": a.threads, "compiled": a.compile,
+              "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
               "matvec_GB_per_s": round(bw / 1e9, 2), "matvec_GB_per_s_wall": round(wall_bw / 1e9, 2),
               "weights_read_ms": round(read_ms, 4),
               "batch1_over_weights_read": round(rows[0]["step_ms"] / read_ms, 2), "runs": rows}
