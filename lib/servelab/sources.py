@@ -60,6 +60,8 @@ _OPENAI_TOKENS = ("OpenAI Help Center, \"What are tokens and how to count them?\
                   "https://help.openai.com/en/articles/4936856-what-are-tokens-and-how-to-count-them")
 _LLAMA3 = ("Llama Team, AI @ Meta, \"The Llama 3 Herd of Models\" (2024), section 3.2 (tokenizer)",
            "https://arxiv.org/abs/2407.21783")
+_TIKTOKEN = ("OpenAI, tiktoken, tiktoken_ext/openai_public.py (the encodings' special-token ids)",
+             "https://github.com/openai/tiktoken/blob/main/tiktoken_ext/openai_public.py")
 _FP8 = ("Paulius Micikevicius et al., \"FP8 Formats for Deep Learning\" (2022)",
         "https://arxiv.org/abs/2209.05433")
 _GLU = ("Noam Shazeer, \"GLU Variants Improve Transformer\" (2020)", "https://arxiv.org/abs/2002.05202")
@@ -71,6 +73,8 @@ _DSV2 = ("DeepSeek-AI, \"DeepSeek-V2: A Strong, Economical, and Efficient Mixtur
          "Model\" (2024)", "https://arxiv.org/abs/2405.04434")
 _SPEC = ("Yaniv Leviathan, Matan Kalman and Yossi Matias, \"Fast Inference from Transformers via "
          "Speculative Decoding\", ICML 2023", "https://arxiv.org/abs/2211.17192")
+_H100_ARCH = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)",
+              "https://resources.nvidia.com/en-us-tensor-core")
 _FLASH2 = ("Tri Dao, \"FlashAttention-2: Faster Attention with Better Parallelism and Work "
            "Partitioning\" (2023)", "https://arxiv.org/abs/2307.08691")
 _FLASH = ("Tri Dao et al., \"FlashAttention: Fast and Memory-Efficient Exact Attention with "
@@ -114,6 +118,12 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("nvl72_gpus", 72, "GPUs", "Blackwell GPUs in one GB200 NVL72 NVLink domain", _NVL72),
     _s("nvl72_nvlink_bandwidth", 130e12, "bytes/s",
        "combined NVLink bandwidth of one GB200 NVL72 rack", _NVL72),
+    _s("h100_sxm_sms", 132, "SMs", "streaming multiprocessors (SMs) on an H100 SXM5", _H100_ARCH),
+    _s("h100_register_file_per_sm", 256 * 1024, "bytes",
+       "register file per H100 SM (256 KB; 65,536 32-bit registers)", _H100_ARCH),
+    _s("h100_l1_shared_per_sm", 256 * 1024, "bytes",
+       "combined L1 data cache and shared memory per H100 SM (256 KB)", _H100_ARCH),
+    _s("h100_l2_cache", 50 * 1024 * 1024, "bytes", "L2 cache of an H100 SXM5 (50 MB)", _H100_ARCH),
     # Tokenizers
     _s("gpt4o_english_tokens_cl100k", 27, "tokens",
        "an English sample sentence in GPT-4's tokenizer (cl100k_base)", _GPT4O),
@@ -130,6 +140,12 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "Llama 3's 128K-token tokenizer on a sample of English data", _LLAMA3),
     _s("llama2_chars_per_token", 3.17, "characters/token",
        "Llama 2's 32K-token tokenizer on the same English sample", _LLAMA3),
+    _s("cl100k_n_vocab", 100_277, "token ids",
+       "ids in GPT-4's tokenizer cl100k_base (its highest special-token id, 100,276, plus one)",
+       _TIKTOKEN, "tiktoken's n_vocab; 100,256 learned byte sequences, the rest special or unused"),
+    _s("o200k_n_vocab", 200_019, "token ids",
+       "ids in GPT-4o's tokenizer o200k_base (its highest special-token id, 200,018, plus one)",
+       _TIKTOKEN, "tiktoken's n_vocab; 199,998 learned byte sequences, the rest special or unused"),
     # Number formats and layer shapes
     _s("fp8_e4m3_mantissa_bits", 3, "bits", "explicit mantissa bits of the e4m3 fp8 format", _FP8),
     _s("fp8_e4m3_max", 448, "", "largest finite e4m3 value", _FP8),
