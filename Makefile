@@ -1,6 +1,7 @@
 # servelab: two commands do everything on a fresh machine.
 #   make book   set up .venv if needed, then build the HTML book into _build/html
 #   make test   set up .venv (and headless Chromium) if needed, then run every test
+#   make vllm   (optional) vLLM's CPU build in .venv-vllm, for the parity tests against vLLM
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -12,7 +13,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
 PYTEST_ARGS ?=
 
-.PHONY: setup book test lab browser clean-book lint-notebooks bench serve profile
+.PHONY: setup book test lab browser clean-book lint-prose bench serve profile vllm
 
 setup: $(STAMP)
 
@@ -23,6 +24,27 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+# vLLM's CPU build in a venv of its own (.venv is never touched): tests/test_vs_vllm.py
+# runs it in a subprocess and skips when it is absent. Rebuilt only when the pins change.
+# torch first from the local CPU wheel (any other torch downloads a CUDA build); pip also
+# pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
+# `import vllm` ("operator torchvision::nms does not exist"): text models need none of them.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.servelab-vllm-installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
+	@rm -f $@
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet -r requirements-vllm.txt
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
 	@touch $@
 
 # Headless Chromium for the book's browser test (Debian package).
@@ -37,8 +59,13 @@ book: setup
 	@echo "Book: file://$(CURDIR)/_build/html/index.html"
 
 test: setup browser
+	@test -f $(VLLM_STAMP) || echo "vLLM parity tests will skip: run 'make vllm' first to get them (vLLM's CPU build in .venv-vllm)"
 	$(PY) -m pytest -q tests chapters solutions --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+
+# The course voice's reading measures, chapter by chapter (also a test in `make test`).
+lint-prose: setup
+	$(PY) tools/lint_prose.py
 
 lab: setup
 	$(VENV)/bin/jupyter lab chapters
