@@ -377,3 +377,43 @@ def test_compute_knee_counts_cache_reads_and_matches_a_search():
     assert R.compute_knee(8_000) is None and R.compute_knee(32_000) is None
     with pytest.raises(ValueError):
         R.compute_knee(0)
+
+
+# -- chapter 8's ladder, recorded curves and bf16 units --------------------------------
+
+def test_sram_tier_is_the_sum_of_the_h100_per_sm_figures():
+    from servelab import sources
+    sram = rl.MEMORY_TIERS[0]
+    per_sm = 256 * 1024 + 256 * 1024  # registers + L1/shared, KiB as NVIDIA prints them
+    assert sram.capacity_bytes == 132 * per_sm + 50 * 1024 * 1024
+    assert 0.1e9 < sram.capacity_bytes < 0.13e9  # "a little over a hundred megabytes"
+    assert sram.source == sources.cite("h100_sxm_sms") and "sum" in sram.note
+
+
+def test_step_ratio_and_its_plot_from_recorded_rows():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"kind": "decode", "name": "decode step", "dtype": d, "batch": b, "seconds": s}
+            for d, pts in (("fp32", ((1, 0.1), (2, 0.2), (8, 0.25))), ("bf16", ((1, 0.05), (2, 0.05), (8, 0.07))))
+            for b, s in pts]
+    res = rl.MeasureResult(rows=rows, machine={"cpu": "test CPU"})
+    assert res.step_ratio("fp32", 2) == pytest.approx(2.0)
+    assert res.step_ratio("bf16", 8) == pytest.approx(1.4)
+    ax = res.plot_step_ratios()
+    assert ax.get_xscale() == "log" and "test CPU" in ax.get_title()
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "fp32" in labels and "bf16" in labels
+    plt.close(ax.figure)
+    with pytest.raises(ValueError):
+        res.step_ratio("bf16", 3)
+    with pytest.raises(ValueError, match="no decode"):
+        rl.MeasureResult(rows=[], machine={}).plot_step_ratios()
+
+
+def test_bf16_units_from_cpu_flags():
+    assert rl.bf16_units(["avx2", "amx_tile", "amx_bf16", "avx512_bf16"]) == "AMX tiles"
+    assert rl.bf16_units(["avx2", "avx512f", "avx512_bf16"]) == "AVX-512 bf16 dot products"
+    assert rl.bf16_units(["avx2", "fma"]) == "no bf16 units"
+    assert rl.bf16_units() in ("AMX tiles", "AVX-512 bf16 dot products", "no bf16 units", "unknown")

@@ -31,6 +31,7 @@ from servelab._checks import check_fraction as _check_fraction
 from servelab._checks import check_non_negative as _check_non_negative
 from servelab._checks import check_positive as _check_positive
 from servelab._checks import check_tokens as _check_tokens
+from servelab import sources as _sources
 from servelab.kvcache import kv_bytes_per_token, kv_room_bytes, seats_granted
 from servelab.specs import GB, TB, Chip, get_chip, get_model
 
@@ -42,7 +43,7 @@ __all__ = [
     "people_per_replica", "Replica", "EXAMPLE_REPLICA", "RequestStages", "request_stages",
     "plot_roofline",
     "measure", "MeasureResult", "measure_bandwidth", "measure_matmul", "measure_decode",
-    "build_sweep_model", "machine_info", "SWEEP_MODELS",
+    "build_sweep_model", "machine_info", "SWEEP_MODELS", "bf16_units",
 ]
 
 #: The 200B running example's efficiencies: decode reaches 60% of peak memory
@@ -70,10 +71,21 @@ class MemoryTier:
     source: str
 
 
+def _h100_sram_bytes() -> float:
+    """An H100's on-chip SRAM: per-SM registers and L1/shared times its SMs, plus the L2.
+
+    A sum of the whitepaper's figures (:mod:`servelab.sources`), not a published total:
+    132 x (256 + 256) KiB + 50 MiB = 121.6 MB.
+    """
+    per_sm = _sources.value("h100_register_file_per_sm") + _sources.value("h100_l1_shared_per_sm")
+    return _sources.value("h100_sxm_sms") * per_sm + _sources.value("h100_l2_cache")
+
+
 MEMORY_TIERS: tuple[MemoryTier, ...] = (
-    MemoryTier("on-chip SRAM (H100: registers + shared/L1 + L2)", (33 + 33 + 50) * 1e6, None,
-               "about 33 MB of registers, 33 MB of shared memory/L1 and 50 MB of L2; far faster "
-               "than HBM but tiny", "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)"),
+    MemoryTier("on-chip SRAM (H100: registers + shared/L1 + L2)", _h100_sram_bytes(), None,
+               "the sum of the whitepaper's per-SM figures (256 KB of registers and 256 KB of L1/shared "
+               "memory on each of 132 SMs) plus the 50 MB L2; no single total is published. Far "
+               "faster than HBM but tiny", _sources.cite("h100_sxm_sms")),
     MemoryTier("HBM (B200)", 192 * GB, 8 * TB, "stacked DRAM beside the compute die",
                get_chip("B200").source),
     MemoryTier("host memory over PCIe 5.0 x16", None, 64 * GB,
@@ -542,6 +554,36 @@ class MeasureResult:
                 return r["seconds"] * 1e3
         raise ValueError(f"batch {batch} was not measured in {dtype}")
 
+    def step_ratio(self, dtype: str, batch: int) -> float:
+        """The step at ``batch`` over the step at batch 1: what the extra people cost.
+
+        1.0 means they rode along free; ``batch`` means nothing was shared.
+        """
+        return self.step_ms(dtype, batch) / self.step_ms(dtype, 1)
+
+    def plot_step_ratios(self, ax=None, title: str | None = None):
+        """Each dtype's step(batch) / step(1) against the batch, between 'free' (1) and 'no sharing' (batch)."""
+        import matplotlib.pyplot as plt  # only when drawing
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6.5, 3.6))
+        batches = sorted({r["batch"] for r in self.select("decode")})
+        if not batches:
+            raise ValueError("no decode measurements to plot: run measure() with some batches")
+        ax.plot(batches, batches, color="gray", ls="--", lw=1, label="no sharing (cost grows with the batch)")
+        ax.plot(batches, [1.0] * len(batches), color="gray", ls=":", lw=1, label="free (cost of batch 1)")
+        for dtype, style in (("fp32", "s-"), ("bf16", "o-")):
+            rows = self.decode(dtype)
+            if rows and rows[0]["batch"] == 1:
+                ax.plot([r["batch"] for r in rows], [self.step_ratio(dtype, r["batch"]) for r in rows],
+                        style, label=dtype)
+        ax.set(xscale="log", yscale="log", xlabel="batch (people in the step)",
+               ylabel="step time / step at batch 1")
+        ax.set_title(title or f"Decode step cost, one thread: {self.machine.get('cpu', 'CPU')}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(True, which="major", alpha=0.3)
+        return ax
+
     def table(self, columns: Sequence[str] = ("kind", "name", "dtype", "batch", "ms", "GB_per_s",
                                                "GFLOP_per_s", "tokens_per_s")) -> str:
         """The rows as an aligned text table (rounded for reading)."""
@@ -583,6 +625,30 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     from servelab.machine import describe
 
     return describe(packages=("torch", "numpy"), threads=threads)
+
+
+def bf16_units(flags: Iterable[str] | None = None) -> str:
+    """What does bf16 matrix products on this CPU, from its /proc/cpuinfo flags (or ``flags``).
+
+    'AMX tiles' (Intel's matrix tile units, ``amx_bf16``), 'AVX-512 bf16 dot products'
+    (``avx512_bf16``), 'no bf16 units' (products widened to fp32) or 'unknown' where no
+    flags can be read.
+    """
+    if flags is None:
+        try:
+            text = open("/proc/cpuinfo").read()
+        except OSError:
+            return "unknown"
+        line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        flags = line.split(":", 1)[1].split() if ":" in line else []
+        if not flags:
+            return "unknown"
+    flags = set(flags)
+    if "amx_bf16" in flags:
+        return "AMX tiles"
+    if "avx512_bf16" in flags:
+        return "AVX-512 bf16 dot products"
+    return "no bf16 units"
 
 
 STATISTICS = ("median", "min")
