@@ -102,6 +102,17 @@ def sample_no_range_check(probs, u):  # accepts u = 1 and negative u
     return max(i for i, p in enumerate(probs) if p > 0)
 
 
+def sample_last_index_fallback(probs, u):  # rounding fallback returns a zero-probability token
+    if not 0 <= u < 1:
+        raise ValueError("u must be in [0, 1)")
+    total = 0.0
+    for i, p in enumerate(probs):
+        total += p
+        if u < total:
+            return i
+    return len(probs) - 1
+
+
 def sample_argmax(probs, u):  # ignores u: greedy
     if not 0 <= u < 1:
         raise ValueError("u must be in [0, 1)")
@@ -120,6 +131,7 @@ def sample_argmax(probs, u):  # ignores u: greedy
     ("q3", sample_boundary_stays, "u on a boundary kept by the earlier token"),
     ("q3", sample_no_range_check, "u outside [0, 1) accepted"),
     ("q3", sample_argmax, "u ignored"),
+    ("q3", sample_last_index_fallback, "rounding fallback draws a zero-probability token"),
 ])
 def test_each_classic_mistake_loses_its_question(qid, mutant, why):
     assert_loses(EX, qid, mutant, why)

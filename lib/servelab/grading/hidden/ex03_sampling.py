@@ -93,6 +93,10 @@ Q3 = Question(
         Case(args=([0.2, 0.5, 0.3], 0.999999), expected=2),
         Case(args=([0.0, 0.0, 1.0], 0.0), expected=2, label="zero-probability tokens are never drawn"),
         Case(args=([0.5, 0.5, 0.0], 0.9999999999), expected=_inverse_cdf([0.5, 0.5, 0.0], 0.9999999999)),
+        # Ten 0.1s add up to 0.9999999999999999 in floating point, so this u passes every
+        # cumulative sum: the draw must fall back to the last token that can be drawn.
+        Case(args=([0.1] * 10 + [0.0], 0.9999999999999999), expected=9,
+             label="rounding leaves u past the last sum: the last token with p > 0"),
         Case(args=([0.3, 0.7], 1.0), raises=ValueError, label="u = 1 is outside [0, 1)"),
         Case(args=([0.3, 0.7], -0.1), raises=ValueError, label="negative u"),
     ],
