@@ -417,3 +417,13 @@ def test_bf16_units_from_cpu_flags():
     assert rl.bf16_units(["avx2", "avx512f", "avx512_bf16"]) == "AVX-512 bf16 dot products"
     assert rl.bf16_units(["avx2", "fma"]) == "no bf16 units"
     assert rl.bf16_units() in ("AMX tiles", "AVX-512 bf16 dot products", "no bf16 units", "unknown")
+
+
+def test_measure_result_loads_the_recorded_benchmark(tmp_path):
+    from pathlib import Path
+    rec = rl.MeasureResult.load(Path(__file__).resolve().parents[1] / "benchmarks/results/roofline.json")
+    assert rec.decode("bf16")[0]["batch"] == 1 and rec.matvec_bandwidth > 0 and rec.machine["cpu"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    with pytest.raises(ValueError, match="no measurement rows"):
+        rl.MeasureResult.load(bad)

@@ -603,6 +603,19 @@ class MeasureResult:
     def to_dict(self) -> dict[str, Any]:
         return {"machine": self.machine, "model": self.model, "rows": self.rows}
 
+    @classmethod
+    def load(cls, path) -> "MeasureResult":
+        """A result saved as JSON (``python -m servelab.roofline --json``, or the benchmark's
+        ``benchmarks/results/roofline.json``): its rows, machine and model; other keys are ignored."""
+        import json
+        from pathlib import Path
+
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or "rows" not in data:
+            raise ValueError(f"{path} holds no measurement rows: expected the JSON that measure() or "
+                             "benchmarks/bench_roofline.py writes")
+        return cls(rows=data["rows"], machine=data.get("machine", {}), model=data.get("model", {}))
+
     def plot(self, ax=None, title: str | None = None):
         """This machine's roofline (fp32 and bf16 peaks, matrix-vector bandwidth) with decode points."""
         bw = self.matvec_bandwidth
