@@ -137,3 +137,19 @@ def test_decode_attention_matches_sdpa_with_grouped_heads():
     torch.testing.assert_close(decode_attention(q, k, v, mask, 0.3), ref[:, :, 0])
     plain = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=0.3, enable_gqa=True)[:, :, 0]
     torch.testing.assert_close(decode_attention(q, k, v, None, 0.3), plain)
+
+
+def test_time_decode_steps_one_figure_per_context_and_checks_inputs():
+    from servelab.attention import time_decode_steps
+    from servelab.model import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    model = LlamaModel(config).init_weights(seed=0).eval()
+    seconds = time_decode_steps(model, [1, 8, 15], rounds=2)
+    assert len(seconds) == 3 and all(s >= 0 for s in seconds)
+    for bad in ([], [0], [16], [2.5], [True]):
+        with pytest.raises(ValueError):
+            time_decode_steps(model, bad, rounds=1)
+    with pytest.raises(ValueError):
+        time_decode_steps(model, [4], rounds=0)

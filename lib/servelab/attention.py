@@ -31,6 +31,7 @@ __all__ = [
     "attention_probs",
     "naive_attention",
     "tiled_attention",
+    "time_decode_steps",
 ]
 
 
@@ -280,3 +281,49 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     KVH = k.shape[1]
     o = F.scaled_dot_product_attention(q.view(B, KVH, H // KVH, D), k, v, attn_mask=mask, scale=scale)
     return o.reshape(B, H, D)
+
+
+# ---------------------------------------------------------------- timing
+
+def time_decode_steps(model, contexts, rounds: int = 60, seed: int = 0) -> list[float]:
+    """CPU seconds of one decode step of ``model`` with each of ``contexts`` tokens cached.
+
+    Each context gets its own KV cache, filled once by a prefill of seeded random
+    tokens. A round times one step at every context in turn; ``rounds`` rounds
+    interleave the contexts, so a machine drifting slower over the run slows
+    them all alike. After each step the new token is cropped from the cache, so
+    every timed step of a context is the same step. The clock is this process's
+    CPU time (other programs on a busy machine do not count; run with one
+    thread), and each context keeps its fastest round: interference only ever
+    adds time. Returns one figure per context, in order.
+    """
+    import time
+
+    contexts = list(contexts)
+    limit = model.config.max_position_embeddings
+    if not contexts:
+        raise ValueError("contexts is empty: pass the cache lengths to time, e.g. [16, 512]")
+    for n in contexts:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < limit:
+            raise ValueError(f"each context must be a whole number in [1, {limit - 1}] (the step "
+                             f"adds one token to it and the model has {limit} positions), got {n!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
+    device = model.embed_tokens.weight.device
+    g = torch.Generator().manual_seed(seed)
+    token = torch.tensor([[1]], device=device)
+    caches = []
+    with torch.no_grad():
+        for n in contexts:
+            cache = model.new_cache(max_len=n + 1)
+            prompt = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+            model(prompt.to(device), cache=cache)
+            caches.append(cache)
+        best = [math.inf] * len(contexts)
+        for _ in range(rounds):
+            for j, (n, cache) in enumerate(zip(contexts, caches)):
+                start = time.process_time()
+                model(token, cache=cache)
+                best[j] = min(best[j], time.process_time() - start)
+                cache.crop(n)  # forget the token this step added
+    return best
