@@ -43,8 +43,7 @@ class Finishes:
 
     def abort(self, rid):
         out = self.engine.abort_request(rid)
-        if getattr(self.engine, "_step_outputs", None) is None:  # outside a step: the return value is the report
-            self.note(out)
+        self.note(out)  # inside a step it returns None: the step reports it
         return out
 
 
@@ -117,6 +116,21 @@ def test_abort_from_its_own_callback_is_reported_by_the_step():
     assert final["a"].finish_reason == "abort" and len(final["a"].token_ids) == 2
     assert sum(o.finished for o in calls) == 1
     assert final["b"].token_ids == toy_greedy_generate([4, 5], 4, VOCAB)
+
+
+def test_abort_from_a_callback_returns_none_and_its_step_reports_it_once():
+    eng = make_engine()
+    returned = []
+
+    def on_token(out):
+        if len(out.token_ids) == 2 and not out.finished and not returned:
+            returned.append(eng.abort_request("a"))
+    eng.add_request("a", [1, 2, 3], greedy(8), callback=on_token)
+    finals = []
+    while eng.has_unfinished_requests():
+        finals += [o for o in eng.step() if o.finished]
+    assert returned == [None]  # the step's result is the one report of the abort
+    assert [(o.request_id, o.finish_reason) for o in finals] == [("a", "abort")]
 
 
 def test_abort_during_chunked_prefill_frees_its_blocks():

@@ -94,6 +94,37 @@ def test_stop_token_and_max_tokens_inside_an_accepted_run():
         _assert_pool_clean(eng)
 
 
+def test_logprobs_match_the_ids_when_a_stop_ends_an_accepted_run():
+    plain = _run(_engine(), PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    ids = plain["r0"]
+    agreeing = {"model": TARGET, "num_speculative_tokens": 3}  # every draft accepted: stops fall inside runs
+    for stop in sorted(set(ids)):
+        params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop], ignore_eos=True,
+                                logprobs=2)
+        eng = _engine(agreeing)
+        eng.add_request("s", PROMPTS[0], params)
+        out = eng.run_to_completion()["s"].outputs[0]
+        assert out.token_ids == ids[:ids.index(stop) + 1]
+        assert len(out.logprobs) == len(out.top_logprobs) == len(out.token_ids), stop
+
+
+def test_logprobs_are_the_raw_rows_under_min_tokens_as_without_speculation():
+    ids = _run(_engine(), PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))["r0"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=ids[1:6],
+                            min_tokens=10, logprobs=3)
+    outs = []
+    for spec in (None, NGRAM):
+        eng = _engine(spec)
+        eng.add_request("m", PROMPTS[0], params)
+        outs.append(eng.run_to_completion()["m"].outputs[0])
+    plain, spec = outs
+    assert spec.token_ids == plain.token_ids
+    assert spec.logprobs == pytest.approx(plain.logprobs, abs=1e-5)
+    for a, b in zip(spec.top_logprobs, plain.top_logprobs):
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5)
+
+
 def test_streaming_callback_sees_every_token_once():
     eng = _engine(NGRAM)
     seen = []

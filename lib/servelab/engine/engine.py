@@ -224,7 +224,12 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now (client went away); its blocks are freed at once.
-        (For ``n > 1``: every unfinished completion of it.)"""
+        (For ``n > 1``: every unfinished completion of it.)
+
+        Returns the request's final output (``finish_reason == "abort"``), or None
+        if it had already finished. Called during a step (from a streaming
+        callback), it returns None: that step's result reports the final output,
+        so a request finishes exactly once for whoever drives ``step()``."""
         group = self._groups.get(request_id)
         live = ([s for s in group if not s.is_finished] if group is not None
                 else [s for s in [self.requests.get(request_id)] if s is not None and not s.is_finished])
@@ -234,14 +239,13 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
         self._deferred.pop(request_id, None)
         out = self._output(live[-1])
-        if self._step_outputs is not None:
-            # called during a step (from a streaming callback): the step reports it too,
-            # so whoever drives step() sees every request finish exactly once
+        in_step = self._step_outputs is not None
+        if in_step:  # called from a streaming callback: the step reports it, and only the step
             self._step_outputs.append(out)
         for seq in live[:-1]:
             self._forget(seq)
         self._release(live[-1], out)
-        return out
+        return None if in_step else out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._deferred)
@@ -302,7 +306,11 @@ class LLMEngine:
                     del seq.token_ids[d.num_tokens_before:]
                     continue
                 kept = spec.verify(seq, d, seq_rows, self.sampler.generator)
-                for j, token in enumerate(kept):  # one output per request, after its last token
+                for j, (token, lp, top) in enumerate(kept):  # one output per request, after its last token
+                    if lp is not None:  # recorded token by token: a stop mid-run keeps ids and logprobs equal
+                        seq.logprobs.append(lp)
+                        if top is not None:
+                            seq.top_logprobs.append(top)
                     out = self._append_token(seq, token, now, emit=j == len(kept) - 1)
                     if seq.is_finished:
                         break

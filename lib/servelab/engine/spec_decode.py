@@ -114,15 +114,19 @@ class SpecDecoder:
                 drafts.pop(id(seq))
 
     # -- 3. verify --------------------------------------------------------------
-    def verify(self, seq, d: Drafts, rows: torch.Tensor, engine_generator) -> list[int]:
-        """The tokens to keep for one sequence, from its ``len(d.tokens) + 1`` rows of logits.
+    def verify(self, seq, d: Drafts, rows: torch.Tensor, engine_generator) -> list[tuple[int, float | None, list | None]]:
+        """The tokens to keep for one sequence, from its ``len(d.tokens) + 1`` rows of logits,
+        each as ``(token, logprob, top_logprobs)`` (``None`` where not asked for).
 
-        Removes the drafts from ``seq.token_ids`` (the engine appends the kept
-        tokens itself) and records logprobs of the kept tokens if asked.
+        Removes the drafts from ``seq.token_ids``; the engine appends the kept tokens
+        (and their logprobs) itself, one by one, so a stop inside the run keeps
+        exactly the ids it keeps and their logprobs. Logprobs are the raw model
+        rows', as the plain sampler reports them: before ``min_tokens`` bans them.
         """
         sp = seq.sampling_params
         gen = seq.generator if seq.generator is not None else engine_generator
-        rows = rows.float().clone()
+        raw = rows.float()
+        rows = raw.clone()
         checker = getattr(seq, "stop_checker", None)
         if checker is not None:  # min_tokens: no end or stop token before it
             n_out = d.num_tokens_before - seq.num_prompt_tokens
@@ -134,13 +138,11 @@ class SpecDecoder:
         kept = accept_tokens(d.tokens, p, d.probs, gen)
         self.stats.record(len(d.tokens), len(kept) - 1)
         del seq.token_ids[d.num_tokens_before:]
-        if sp.logprobs is not None:
-            lp = log_softmax(rows[: len(kept)])
-            for i, t in enumerate(kept):
-                seq.logprobs.append(float(lp[i, t]))
-                if sp.logprobs:
-                    seq.top_logprobs.append(top_logprobs(lp[i], sp.logprobs, normalized=True))
-        return kept
+        if sp.logprobs is None:
+            return [(t, None, None) for t in kept]
+        lp = log_softmax(raw[: len(kept)])
+        return [(t, float(lp[i, t]), top_logprobs(lp[i], sp.logprobs, normalized=True) if sp.logprobs else None)
+                for i, t in enumerate(kept)]
 
     def release(self, request_id: str) -> None:
         self._proposers.pop(request_id, None)
