@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from servelab import arith, specs
+from servelab import arith, sources, specs
 from servelab.specs import GB
 
 
@@ -46,7 +46,7 @@ def test_seed_embedding_table_1_8_billion_numbers():
 def test_seed_200b_fits_one_8_chip_b200_box():
     weights = arith.weights_memory(200e9, 8)
     assert arith.chips_for_weights(weights, "B200") == 2  # 108 GB of each chip's 180 GB at 60%
-    assert arith.chips_per_replica(weights, "B200") == 8
+    assert arith.chips_per_replica(weights, "B200") == 2  # the fewest; the example runs a box of 8
     assert arith.weights_share(weights, "B200", 8) == pytest.approx(200 / 1440)
 
 
@@ -116,9 +116,29 @@ def test_bytes_per_param_rejects(bad):
         arith.bytes_per_param(bad)
 
 
-@pytest.mark.parametrize("n, group", [(1, 8), (8, 8), (9, 16), (17, 32), (33, 64), (65, 72), (72, 72)])
+@pytest.mark.parametrize("n, group", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (17, 24),
+                                      (33, 40), (36, 40), (63, 64), (65, 72), (72, 72)])
 def test_round_to_group(n, group):
     assert arith.round_to_group(n) == group
+
+
+def test_group_sizes_are_powers_of_two_in_a_box_then_whole_boxes():
+    box = arith.BOX_CHIPS
+    in_box = [g for g in arith.GROUP_SIZES if g <= box]
+    beyond = [g for g in arith.GROUP_SIZES if g > box]
+    assert in_box == [1, 2, 4, 8] and all(g % box == 0 for g in beyond)
+    assert beyond == list(range(2 * box, arith.MAX_REPLICA_CHIPS + 1, box))
+    assert arith.MAX_REPLICA_CHIPS == sources.value("nvl72_gpus")
+
+
+@pytest.mark.parametrize("model, bits, chip, chips", [
+    ("Llama-3-8B", 16, "H100 SXM", 1), ("Llama-3-70B", 16, "H100 SXM", 4),
+    ("Llama-3-70B", 8, "H100 SXM", 2), ("Llama-3-70B", 16, "B200", 2),
+    ("Llama-3.1-405B", 16, "H100 SXM", 24), ("Llama-3.1-405B", 8, "H100 SXM", 16),
+])
+def test_one_card_models_get_one_card_not_a_box(model, bits, chip, chips):
+    weights = arith.weights_memory(arith.count_params(model).total, bits)
+    assert arith.chips_per_replica(weights, chip) == chips
 
 
 def test_round_to_group_beyond_largest_and_custom_sizes():

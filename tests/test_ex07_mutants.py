@@ -3,21 +3,24 @@ import math
 
 import pytest
 
-from mutants_common import assert_keeps, assert_loses, solution_functions
+from mutants_common import assert_keeps, assert_loses, question, solution_functions
 
 EX = "ex07_weights"
 SOL = solution_functions(EX)
-GROUPS = (8, 16, 32, 64, 72)
+GROUPS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72)  # powers of two in a box, then whole boxes
+OLD_GROUPS = (8, 16, 32, 64, 72)  # the course's first rule: a replica was at least a box
+POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 72)
+WHOLE_BOXES = tuple(range(8, 73, 8))
 
 
-def _chips(weights, usable, share=0.6, rounding="ceil", group=True, check=True):
+def _chips(weights, usable, share=0.6, rounding="ceil", group=True, check=True, groups=GROUPS):
     if check and (weights <= 0 or not 0 < share <= 1):
         raise ValueError("bad input")
     x = weights / (usable * share)
     n = math.ceil(x - 1e-12) if rounding == "ceil" else int(x) + 1
     if not group:
         return n
-    for g in GROUPS:
+    for g in groups:
         if n <= g:
             return g
     if check:
@@ -52,6 +55,11 @@ def test_the_reference_functions_here_are_right():
 @pytest.mark.parametrize("qid, mutant, why", [
     ("q1", lambda w, u, share=0.6: _chips(w, u, share, rounding="int+1"), "int(x) + 1 instead of a ceiling"),
     ("q1", lambda w, u, share=0.6: _chips(w, u, share, group=False), "no rounding to a group"),
+    ("q1", lambda w, u, share=0.6: _chips(w, u, share, groups=OLD_GROUPS),
+     "every replica at least a box (8, 16, 32, 64, 72)"),
+    ("q1", lambda w, u, share=0.6: _chips(w, u, share, groups=WHOLE_BOXES), "whole boxes even under 8 chips"),
+    ("q1", lambda w, u, share=0.6: _chips(w, u, share, groups=POWERS_OF_TWO),
+     "powers of two past one box (17 chips -> 32)"),
     ("q1", lambda w, u, share=0.6: _chips(w, u, 1.0), "the share ignored"),
     ("q1", lambda w, u, share=0.6: _chips(w, u, share, check=False), "past 72 chips or bad share accepted"),
     ("q2", lambda *a, **k: _seats(*a, **k, where="total"), "margin taken off the whole memory"),
@@ -60,3 +68,17 @@ def test_the_reference_functions_here_are_right():
 ])
 def test_each_classic_mistake_loses_its_question(qid, mutant, why):
     assert_loses(EX, qid, mutant, why)
+
+
+def test_the_hidden_expectations_follow_the_library():
+    """Q1's typed counts are what servelab.arith.chips_per_replica gives on such a chip."""
+    from servelab import arith
+    from servelab.specs import Chip
+
+    assert arith.GROUP_SIZES == GROUPS
+    for case in [*question(EX, "q1").visible, *question(EX, "q1").hidden]:
+        if case.raises is not None:
+            continue
+        weights, usable = case.args
+        chip = Chip(name="test", memory_bytes=usable, hbm_bandwidth=1e12, flops={"bf16": 1e15})
+        assert arith.chips_per_replica(weights, chip, **case.kwargs) == case.expected, case.label

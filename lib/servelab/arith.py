@@ -26,7 +26,8 @@ from servelab._checks import check_positive as _check_positive
 from servelab.specs import Chip, ModelConfig, get_chip, get_model
 
 __all__ = [
-    "WEIGHTS_MEMORY_SHARE", "GROUP_SIZES", "ParamCount", "count_params", "embedding_numbers",
+    "WEIGHTS_MEMORY_SHARE", "BOX_CHIPS", "MAX_REPLICA_CHIPS", "GROUP_SIZES",
+    "ParamCount", "count_params", "embedding_numbers",
     "bytes_per_param", "weights_memory", "weights_share", "max_weights_bytes",
     "chips_for_weights", "round_to_group", "chips_per_replica", "memory_left",
     "attention_ops_per_token", "ops_per_token", "prefill_ops", "prefill_seconds",
@@ -38,10 +39,21 @@ __all__ = [
 #: programs. A planning rule of thumb, not a hardware fact.
 WEIGHTS_MEMORY_SHARE = 0.6
 
-#: Chip group sizes a replica is built from: 8 chips per server box linked at
-#: full speed, multiples of the box, and a 72-chip rack-scale NVLink domain
+#: GPUs in one server box, linked at full speed by NVLink (NVIDIA DGX B200 and
+#: DGX H100: 8 GPUs each; https://www.nvidia.com/en-us/data-center/dgx-b200/).
+BOX_CHIPS = 8
+
+#: The most chips one replica may span: a 72-GPU rack-scale NVLink domain
 #: (NVIDIA GB200 NVL72: https://www.nvidia.com/en-us/data-center/gb200-nvl72/).
-GROUP_SIZES: tuple[int, ...] = (8, 16, 32, 64, 72)
+MAX_REPLICA_CHIPS = 72
+
+#: Chip counts a replica is built from. Inside a box, tensor parallelism splits
+#: the attention heads evenly, so 1, 2, 4 or all 8 cards (a power of two); past
+#: one box, whole boxes (16, 24, ... 72 chips). A model that needs 3 cards gets
+#: 4, one that needs 9 gets two boxes.
+GROUP_SIZES: tuple[int, ...] = tuple(
+    [2 ** k for k in range(BOX_CHIPS.bit_length() - 1)]
+    + list(range(BOX_CHIPS, MAX_REPLICA_CHIPS + 1, BOX_CHIPS)))
 
 
 # ---------------------------------------------------------------------------
@@ -223,11 +235,12 @@ def chips_for_weights(weights: float, chip: Chip | str, share: float = WEIGHTS_M
 
 
 def round_to_group(num_chips: int, group_sizes: tuple[int, ...] = GROUP_SIZES) -> int:
-    """Round a chip count up to the next physical group size (8, 16, 32, 64, 72).
+    """Round a chip count up to the next size a replica is built in.
 
-    Replicas follow how chips are wired, not exact arithmetic: a model needing
-    3 chips gets a whole 8-chip box. Beyond the largest group a single replica
-    no longer fits one fast-link domain, which this function refuses.
+    By default (:data:`GROUP_SIZES`) a power of two up to one 8-chip box, then
+    whole boxes: 1 -> 1, 3 -> 4, 8 -> 8, 9 -> 16, 17 -> 24, 65 -> 72.
+    Replicas follow how chips are wired, not exact arithmetic. Beyond the
+    largest size (72 chips, one rack-scale NVLink domain) this refuses.
     """
     _check_count("num_chips", num_chips)
     sizes = sorted(group_sizes)
@@ -245,7 +258,8 @@ def chips_per_replica(weights: float, chip: Chip | str, share: float = WEIGHTS_M
     """Chips one replica needs: enough for the weights at ``share``, rounded up to a group.
 
     The 200B running example's 200 GB on B200s (180 GB usable, 60% share = 108 GB each)
-    needs 2 chips, so a replica is one 8-chip box.
+    needs 2 chips; Llama 3 70B in bf16 (141 GB) on H100s (48 GB each at 60%) needs
+    3 and gets 4; 1,700 GB on H100s needs 36 and gets five boxes, 40 chips.
     """
     return round_to_group(chips_for_weights(weights, chip, share), group_sizes)
 
