@@ -18,14 +18,37 @@ TIMEOUT = httpx.Timeout(30.0)
 PROMPT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(6))  # > 2 blocks of 16
 
 
+FAIL_SEED = 4242  # a request with this seed breaks the engine's step once it has 2 tokens
+
+
+def fail_steps_of_seed(engine):
+    """Make ``engine.step()`` raise (a simulated kernel failure: the whole step fails)
+    while a request seeded ``FAIL_SEED`` has decoded two tokens."""
+    real = engine.step
+
+    def step():
+        if any(s.sampling_params.seed == FAIL_SEED and s.num_output_tokens >= 2
+               for s in engine.requests.values()):
+            raise RuntimeError("simulated kernel failure")
+        return real()
+    engine.step = step
+    return engine
+
+
+def failing_tiny_engine(model, **options):
+    """Builder run inside the core process: the tiny engine, failing for ``FAIL_SEED``."""
+    from test_server_process import tiny_engine
+    return fail_steps_of_seed(tiny_engine(model, **options))
+
+
 @pytest.fixture(scope="module", params=["thread", "process"])
 def server(request):
     if request.param == "thread":
         from servelab.bpe import load_course_tokenizer
-        engine = build_engine(tiny_model(), load_course_tokenizer(), num_kv_blocks=256)
+        engine = fail_steps_of_seed(build_engine(tiny_model(), load_course_tokenizer(), num_kv_blocks=256))
     else:
         from servelab.server.core import EngineCoreClient
-        engine = EngineCoreClient("tiny", builder="test_server_process:tiny_engine", num_kv_blocks=256,
+        engine = EngineCoreClient("tiny", builder="test_server_n:failing_tiny_engine", num_kv_blocks=256,
                                   startup_timeout_s=120)
     with ServerThread(create_app(engine, ServerSettings(model_name=MODEL))) as srv:
         yield srv, engine, request.param
@@ -117,4 +140,19 @@ def test_chat_n2_and_a_dropped_n_stream_frees_every_block(server):
         lines = s.iter_lines()
         seen = [json.loads(line[6:]) for line in (next(lines) for _ in range(12)) if line.startswith("data: {")]
         assert seen and {ch["index"] for ev in seen for ch in ev["choices"]} <= {0, 1, 2}
+    assert wait_idle(srv)
+
+
+def test_a_failed_engine_step_ends_every_n_request_in_it(server):
+    """The step's requests are failed by the parent's id (the children are "<id>#i"):
+    a stream gets an error event and [DONE], a plain call a 500, and nothing stays in flight."""
+    srv, _, _ = server
+    assert wait_idle(srv)
+    b = body(prompt="Once upon a time", max_tokens=40, n=2, temperature=1.0, seed=FAIL_SEED, ignore_eos=True)
+    with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(20.0)) as c:
+        with c.stream("POST", "/v1/completions", json={**b, "stream": True}) as s:
+            events = read_stream(s)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_error", events[-2:]
+        r = c.post("/v1/completions", json=b)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
     assert wait_idle(srv)

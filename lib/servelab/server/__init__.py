@@ -17,15 +17,31 @@ engine loop as a thread of the API server instead. Pieces, one per file:
 * ``metrics.py``     - Prometheus counters and histograms;
 * ``app.py``         - the FastAPI endpoints and server-sent events;
 * ``runner.py``      - building an engine from a checkpoint, and running the app.
-"""
-from servelab.server.app import ServerSettings, create_app, sse
-from servelab.server.core import EngineCoreClient
-from servelab.server.engine_loop import EngineLoop, Event
-from servelab.server.errors import APIError, error_body
-from servelab.server.metrics import ServerMetrics
-from servelab.server.protocol import Limits, ParsedRequest, encode_chat, parse_request
-from servelab.server.runner import ServerProcess, ServerThread, build_engine, free_port, launch
 
-__all__ = ["ServerSettings", "create_app", "sse", "EngineLoop", "EngineCoreClient", "Event", "APIError", "error_body",
-           "ServerMetrics", "Limits", "ParsedRequest", "encode_chat", "parse_request",
-           "ServerProcess", "ServerThread", "build_engine", "free_port", "launch"]
+The names below load their module on first use, so the engine core's process
+(``python -m servelab.server.core``) imports neither FastAPI nor uvicorn.
+"""
+import importlib
+
+_EXPORTS = {
+    "ServerSettings": "app", "create_app": "app", "sse": "app",
+    "EngineCoreClient": "core",
+    "EngineLoop": "engine_loop", "Event": "engine_loop",
+    "APIError": "errors", "error_body": "errors",
+    "ServerMetrics": "metrics",
+    "Limits": "protocol", "ParsedRequest": "protocol", "encode_chat": "protocol", "parse_request": "protocol",
+    "ServerProcess": "runner", "ServerThread": "runner", "build_engine": "runner", "free_port": "runner",
+    "launch": "runner",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'servelab.server' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"servelab.server.{module}"), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -8,8 +8,23 @@ stops an :class:`~servelab.server.engine_loop.EngineLoop`. Endpoints:
   ``data: [DONE]``) when ``stream`` is true;
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
-Every refusal is OpenAI's error body with 400/404/413/429/503. A client that
-disconnects mid-stream has its request aborted before the next engine step.
+Every refusal is OpenAI's error body with 400/404/413/429/503, and any
+unexpected failure a 500 in the same shape. A request is admitted by the
+engine before the server answers 200, so a refused one (bad sampling settings,
+a dead engine) is an HTTP error, never a 200 followed by an error event. A
+client that disconnects mid-stream has its request aborted before the next
+engine step.
+
+Shutting down (``app.state.drain()``, which SIGTERM runs: :mod:`servelab.server.runner`):
+new requests get 503 ``shutting_down`` at once (kept-alive connections too),
+requests in flight have ``ServerSettings.shutdown_grace_s`` to finish, and the
+rest then end cleanly: an error event and ``[DONE]`` for a stream, a 503 body
+for the others.
+
+If the engine is lost (the engine-core process dies), its requests fail, /health
+says 503, new requests get 503 ``engine_down``, and with
+``exit_on_engine_loss`` (the default) the server exits with code 1, so that a
+supervisor restarts it (``app.state.engine_lost`` holds the reason).
 """
 from __future__ import annotations
 
@@ -46,6 +61,7 @@ class ServerSettings:
     retry_after_s: int = 1                   # the 429's Retry-After header
     shutdown_grace_s: float = 5.0            # SIGTERM: time for in-flight requests to finish
     nondisconnect_poll_s: float = 0.25       # non-streamed requests: how often to check the client
+    exit_on_engine_loss: bool = True         # engine core died: the server exits (code 1)
 
 
 def sse(payload) -> bytes:
@@ -94,6 +110,21 @@ class _Dispatcher:
             q.put_nowait(event)
 
 
+class _Stream(StreamingResponse):
+    """A streamed response that calls ``closed()`` when it ends, however it ends: also when
+    the client left before its first byte (the body's generator then never starts)."""
+
+    def __init__(self, content, closed, **kw):
+        super().__init__(content, **kw)
+        self._closed = closed
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._closed()
+
+
 _DISPATCHERS: dict = {}
 
 
@@ -134,8 +165,15 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     in_loop = getattr(loop_, "in_loop_thread", False)
     max_in_flight = max_num_seqs + settings.max_queued_requests
 
+    def engine_lost(reason: str) -> None:
+        app.state.engine_lost = reason
+        request_exit = getattr(app.state, "request_exit", None)  # set by runner's server
+        if settings.exit_on_engine_loss and request_exit is not None:
+            request_exit()
+
     @asynccontextmanager
     async def lifespan(app):
+        loop_.on_lost = engine_lost
         if start_loop:
             if in_loop:
                 await loop_.start()
@@ -152,6 +190,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.limits = limits
+    app.state.engine_lost = None
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -165,6 +204,14 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
         return JSONResponse(error_body(str(exc), 400), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc):  # a bug: still OpenAI's shape, never a plain-text 500
+        log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
+        metrics.record_rejected(500)
+        return JSONResponse(error_body(f"internal server error ({type(exc).__name__}); this is a "
+                                       "server bug, please report it", 500, code="internal_error"),
+                            status_code=500)
 
     @app.get("/health")
     async def health():
@@ -198,6 +245,9 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
                            code="invalid_json") from exc
+        except RecursionError as exc:
+            raise APIError(400, "the request body nests JSON arrays or objects too deeply to read; "
+                                "send a flat JSON object", code="invalid_json") from exc
 
     async def _handle(request: Request, kind: str):
         received = time.perf_counter()
@@ -205,6 +255,8 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         if loop_.draining:
             raise APIError(503, "the server is shutting down; retry on another replica",
                            code="shutting_down")
+        if not loop_.alive:
+            raise APIError(503, "the engine is not running; retry on another replica", code="engine_down")
         req = protocol.parse_request(body, kind, tokenizer, limits)
         if loop_.num_in_flight >= max_in_flight:
             raise APIError(429, f"too many requests in flight ({loop_.num_in_flight}; the limit is "
@@ -222,15 +274,39 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
             def sink(event: Event):
                 post(q, event)
 
-        def submit():
-            req_t["submitted"] = time.perf_counter()
-            loop_.submit(req.request_id, req.prompt_token_ids, req.sampling_params, sink,
-                         arrival_time=received, n=req.n)
-
+        req_t["submitted"] = time.perf_counter()
+        loop_.submit(req.request_id, req.prompt_token_ids, req.sampling_params, sink,
+                     arrival_time=received, n=req.n)
+        await _admitted(req, q)
         if req.stream:
-            return StreamingResponse(_stream(req, q, submit, req_t), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _complete(request, req, q, submit, req_t)
+            state = {"done": False}
+
+            def closed():  # the response ended, or never started: the client went away
+                if not state["done"]:
+                    loop_.abort(req.request_id)
+
+            return _Stream(_stream(req, q, req_t, state), closed, media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _complete(request, req, q, req_t)
+
+    async def _admitted(req, q) -> None:
+        """Wait until the engine took the request; its refusal is raised as an APIError, so
+        the client gets an HTTP error status, not a 200 followed by an error event."""
+        try:
+            while True:
+                try:
+                    ev: Event = await asyncio.wait_for(q.get(), settings.nondisconnect_poll_s)
+                except asyncio.TimeoutError:
+                    if not loop_.alive:
+                        raise APIError(503, "the engine stopped before it took this request; retry on "
+                                            "another replica", code="engine_down") from None
+                    continue
+                if ev.kind == "error":
+                    raise APIError(ev.status, ev.message, code=ev.code)
+                return  # "admitted": it always comes before the request's outputs
+        except asyncio.CancelledError:
+            loop_.abort(req.request_id)
+            raise
 
     def _keep_prompt_cached(kept: int | None, out) -> int | None:
         """The prompt tokens served from the prefix cache, as the first report about
@@ -273,56 +349,52 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
             latest[nxt.output.index] = nxt
         return list(latest.values())
 
-    async def _stream(req, q, submit, req_t):
-        submit()
-        done = False
+    async def _stream(req, q, req_t, state):
         n = req.n
         sent_tokens, sent_chars = [0] * n, [0] * n
+        token_chars = [0] * n  # the text offset of the next token: its tokens' text, not what was sent
         first, ended = [True] * n, [False] * n
         prompt_cached = None
-        try:
-            while True:
-                for ev in _latest(q, await q.get()):
-                    if ev.kind == "error":
-                        done = True
-                        metrics.record_rejected(ev.status)
-                        yield sse(error_body(ev.message, ev.status, code=ev.code))
-                        yield sse("[DONE]")
-                        return
-                    out = ev.output
-                    prompt_cached = _keep_prompt_cached(prompt_cached, out)
-                    # a running report is about one completion; the final one holds them all
-                    for c in (out.outputs if out.finished and n > 1 else [_choice(out)]):
-                        i = c.index
-                        if ended[i]:
-                            continue
-                        n_tok = len(c.token_ids)
-                        lp = _lp(req, c, sent_tokens[i], n_tok, sent_chars[i])
-                        finish = c.finish_reason  # set once that completion ended
-                        delta = c.text[sent_chars[i]:]
-                        if delta or first[i] or finish or lp:
-                            yield sse(protocol.chunk(req, delta, finish, lp, first=first[i],
-                                                     stop_reason=c.stop_reason if finish else None,
-                                                     index=i))
-                            first[i] = False
-                        sent_tokens[i] = n_tok
-                        sent_chars[i] += len(delta)
-                        ended[i] = finish is not None
-                    if out.finished:
-                        done = True
-                        if req.include_usage or req.return_timings:
-                            extra = protocol.usage_chunk(req, _usage(req, out, prompt_cached))
-                            if req.return_timings:
-                                extra["servelab_timings"] = _timings(req_t, out)
-                            yield sse(extra)
-                        yield sse("[DONE]")
-                        return
-        finally:
-            if not done:  # the client went away (or the app is shutting down)
-                loop_.abort(req.request_id)
+        while True:
+            for ev in _latest(q, await q.get()):
+                if ev.kind == "error":
+                    state["done"] = True
+                    metrics.record_rejected(ev.status)
+                    yield sse(error_body(ev.message, ev.status, code=ev.code))
+                    yield sse("[DONE]")
+                    return
+                out = ev.output
+                prompt_cached = _keep_prompt_cached(prompt_cached, out)
+                # a running report is about one completion; the final one holds them all
+                for c in (out.outputs if out.finished and n > 1 else [_choice(out)]):
+                    i = c.index
+                    if ended[i]:
+                        continue
+                    n_tok = len(c.token_ids)
+                    lp = _lp(req, c, sent_tokens[i], n_tok, token_chars[i])
+                    if lp is not None and lp.get("tokens"):  # legacy completions: text offsets
+                        token_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                    finish = c.finish_reason  # set once that completion ended
+                    delta = c.text[sent_chars[i]:]
+                    if delta or first[i] or finish or lp:
+                        yield sse(protocol.chunk(req, delta, finish, lp, first=first[i],
+                                                 stop_reason=c.stop_reason if finish else None,
+                                                 index=i))
+                        first[i] = False
+                    sent_tokens[i] = n_tok
+                    sent_chars[i] += len(delta)
+                    ended[i] = finish is not None
+                if out.finished:
+                    state["done"] = True
+                    if req.include_usage or req.return_timings:
+                        extra = protocol.usage_chunk(req, _usage(req, out, prompt_cached))
+                        if req.return_timings:
+                            extra["servelab_timings"] = _timings(req_t, out)
+                        yield sse(extra)
+                    yield sse("[DONE]")
+                    return
 
-    async def _complete(request, req, q, submit, req_t):
-        submit()
+    async def _complete(request, req, q, req_t):
         done = False
         poll = settings.nondisconnect_poll_s
         checked = time.monotonic()
@@ -337,7 +409,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return JSONResponse(error_body("client disconnected", 400), status_code=400)
-                if ev is None:
+                if ev is None or ev.kind == "admitted":
                     continue
                 if ev.kind == "error":
                     done = True
@@ -355,6 +427,27 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         finally:
             if not done:
                 loop_.abort(req.request_id)
+
+    async def drain() -> None:
+        """Shut down gracefully (SIGTERM): refuse new requests now (503), give those in
+        flight ``settings.shutdown_grace_s`` to finish, then end the rest with a 503
+        (an error event and ``[DONE]`` for a stream). Returns once none is left."""
+        loop_.begin_drain()
+        clock = asyncio.get_running_loop()
+        deadline = clock.time() + settings.shutdown_grace_s
+        while loop_.num_in_flight and loop_.alive and clock.time() < deadline:
+            await asyncio.sleep(0.02)
+        if loop_.num_in_flight and loop_.alive:
+            log.warning("shutdown: %d request(s) still running after the %.1f s grace; ending them",
+                        loop_.num_in_flight, settings.shutdown_grace_s)
+            loop_.fail_all(503, f"the server shut down before this request finished (its shutdown "
+                                f"grace of {settings.shutdown_grace_s:g} s ran out); retry it",
+                           "shutting_down")
+            deadline = clock.time() + 5.0  # the engine ends them before its next step
+            while loop_.num_in_flight and loop_.alive and clock.time() < deadline:
+                await asyncio.sleep(0.02)
+
+    app.state.drain = drain
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -83,8 +83,8 @@ class EngineCore(EngineLoop):
     entry to the step's outbox instead of waking an event loop.
     """
 
-    def __init__(self, engine, sock: socket.socket, *, check_sampling: bool = True):
-        super().__init__(engine, None, check_sampling=check_sampling)
+    def __init__(self, engine, sock: socket.socket):
+        super().__init__(engine, None)
         self.sock = sock
         self._buf = bytearray()
         self._outbox: list = []
@@ -116,6 +116,9 @@ class EngineCore(EngineLoop):
         def sink(event: Event) -> None:
             if event.kind == "error":
                 self._outbox.append((rid, "E", event.status, event.message, event.code))
+                return
+            if event.kind == "admitted":
+                self._outbox.append((rid, "A"))
                 return
             out = event.output
             idx = out.index
@@ -359,7 +362,8 @@ class EngineCoreClient:
         self.abort_log: list[AbortRecord] = []
         self.num_engine_errors = 0
         self.steps = 0
-        self.error: BaseException | None = None
+        self.on_lost = None           # called with the reason if the core dies (the app: exit)
+        self._stopping = False        # astop/close began: the core's end is expected
         self._reqs: dict[str, _Req] = {}
         self._counters = EngineCounters(running=0, waiting=0, kv_blocks_used=0,
                                         kv_blocks_free=self.info["num_kv_blocks"], steps=0,
@@ -408,6 +412,17 @@ class EngineCoreClient:
         if self._transport is not None and request_id in self._reqs and self.alive:
             self._transport.write(_frame(("abort", request_id, self.steps)))
 
+    def begin_drain(self) -> None:
+        """Shutting down: new requests are refused from now on (the app answers 503)."""
+        self._draining = True
+
+    def fail_all(self, status: int, message: str, code: str) -> None:
+        """End every request in flight with this error now; the core aborts them."""
+        for rid, r in list(self._reqs.items()):
+            self.abort(rid)
+            self._reqs.pop(rid, None)
+            self._deliver(r, Event("error", status=status, message=message, code=code))
+
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> "EngineCoreClient":
         loop = asyncio.get_running_loop()
@@ -435,6 +450,7 @@ class EngineCoreClient:
     async def astop(self, timeout_s: float = 10.0) -> None:
         """Stop admitting; the core ends what is left (503s), says bye and exits."""
         self._draining = True
+        self._stopping = True
         if self._transport is not None and self.alive:
             self._transport.write(_frame(("stop",)))
             try:
@@ -462,6 +478,7 @@ class EngineCoreClient:
 
     def close(self) -> None:
         """Synchronous last resort (no event loop): end the core process."""
+        self._stopping = True
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -474,9 +491,33 @@ class EngineCoreClient:
         self._alive = False
         if self._bye is not None and not self._bye.done():
             self._bye.set_result(None)
+        failed = len(self._reqs)
         for rid, r in list(self._reqs.items()):
             self._reqs.pop(rid, None)
             self._deliver(r, Event("error", status=500, message="the engine core stopped", code="engine_error"))
+        if not self._stopping:  # the core died under us: reap it, say so, let the app exit
+            asyncio.get_running_loop().create_task(self._after_loss(failed))
+
+    def _wait_dead(self) -> int:
+        """Reap the core (killing it if it closed its socket but lives on); its exit code."""
+        try:
+            return self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return self.proc.returncode
+
+    async def _after_loss(self, failed: int) -> None:
+        code = await asyncio.to_thread(self._wait_dead)
+        try:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+        reason = (f"the engine core (pid {self.proc.pid}) died ({how}); {failed} request(s) in it "
+                  "failed")
+        log.critical("%s; this server cannot serve without it and exits with code 1, for a "
+                     "supervisor to restart it", reason)
+        if self.on_lost is not None:
+            self.on_lost(reason)
 
     @staticmethod
     def _deliver(r: _Req, event: Event) -> None:
@@ -513,6 +554,9 @@ class EngineCoreClient:
         if e[1] == "E":
             self._reqs.pop(rid, None)
             self._deliver(r, Event("error", status=e[2], message=e[3], code=e[4]))
+            return
+        if e[1] == "A":
+            self._deliver(r, Event("admitted"))
             return
         _, _, idx, delta_text, delta_ids, times, lp, top, first, fin, done = e
         comp = r.completions[idx]

@@ -27,7 +27,7 @@ log = logging.getLogger("servelab.server")
 class Event:
     """What a request's sink receives: new output, or an error that ends it."""
 
-    kind: str                     # "output" | "error"
+    kind: str                     # "admitted" (first, once) | "output" | "error"
     output: object = None         # servelab.engine.RequestOutput for "output"
     status: int = 500
     message: str = ""
@@ -63,17 +63,15 @@ class _Tracked:
     prompt_tokens: int
     itl_seen: dict = field(default_factory=dict)  # completion index -> token times counted
     first_seen: bool = False
-    meta: dict = field(default_factory=dict)
 
 
 class EngineLoop:
     """Owns an :class:`~servelab.engine.LLMEngine` and drives it in a background thread."""
 
-    def __init__(self, engine, metrics=None, *, idle_wait_s: float = 0.02, check_sampling: bool = True):
+    def __init__(self, engine, metrics=None, *, idle_wait_s: float = 0.02):
         self.engine = engine
         self.metrics = metrics
         self.idle_wait_s = idle_wait_s
-        self.check_sampling = check_sampling
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
@@ -84,7 +82,7 @@ class EngineLoop:
         self.abort_log: list[AbortRecord] = []
         self.num_engine_errors = 0
         self.steps = 0
-        self.error: BaseException | None = None
+        self.on_lost: Callable[[str], object] | None = None  # called (any thread) if the loop dies
 
     # ------------------------------------------------------------- HTTP side
     @property
@@ -99,7 +97,8 @@ class EngineLoop:
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling_params,
                sink: Callable[[Event], object], arrival_time: float | None = None, n: int = 1) -> None:
         """Queue a request (``n`` completions); its events go to ``sink`` (called from the
-        engine thread)."""
+        engine thread): first ``"admitted"`` once the engine took it (or an ``"error"`` if
+        it refused it), then its outputs."""
         with self._lock:
             self._in_flight += 1
         self._inbox.put(("add", request_id, prompt_token_ids, sampling_params, sink,
@@ -108,6 +107,14 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         """The client went away: free the request before the next step."""
         self._inbox.put(("abort", request_id, self.steps))
+
+    def begin_drain(self) -> None:
+        """Shutting down: new requests are refused from now on (the app answers 503)."""
+        self._draining.set()
+
+    def fail_all(self, status: int, message: str, code: str) -> None:
+        """End every request in flight with this error (before the next step)."""
+        self._inbox.put(("fail_all", status, message, code))
 
     def snapshot(self) -> dict:
         """Engine counters as of the last step (safe to read from any thread)."""
@@ -159,15 +166,16 @@ class EngineLoop:
         if t is not None:
             self._send(t, Event("error", status=status, message=message, code=code))
 
-    def _abort_all(self, engine) -> None:
-        """End every request still tracked: aborted in the engine, a 503 to its client."""
+    def _abort_all(self, engine, status: int = 503,
+                   message: str = "the server shut down before this request finished; retry it",
+                   code: str = "shutting_down") -> None:
+        """End every request still tracked: aborted in the engine, an error to its client."""
         for rid in list(self._tracked):
             try:
                 engine.abort_request(rid)
-            except Exception:  # noqa: BLE001 - shutting down: the client hears either way
-                pass
-            self._fail(rid, 503, "the server shut down before this request finished; "
-                                 "retry it", "shutting_down")
+            except Exception:  # noqa: BLE001 - the client hears either way
+                log.error("abort of %s failed:\n%s", rid, traceback.format_exc())
+            self._fail(rid, status, message, code)
 
     def _dry_run(self, sp) -> None:
         """Sample once from a made-up row with these settings, so that settings the
@@ -184,19 +192,23 @@ class EngineLoop:
     def _handle(self, cmd) -> None:
         if cmd[0] == "add":
             _, rid, ids, sp, sink, arrival, n = cmd
-            t = _Tracked(sink, len(ids), meta={"queued": time.perf_counter()})
+            t = _Tracked(sink, len(ids))
             self._tracked[rid] = t
             if self._stop.is_set():
                 self._fail(rid, 503, "the server is shutting down; retry on another replica", "shutting_down")
                 return
             try:
-                if self.check_sampling:
-                    self._dry_run(sp)
+                self._dry_run(sp)
                 self.engine.add_request(rid, ids, sp, arrival_time=arrival, n=n)
             except (ValueError, TypeError) as exc:
                 self._fail(rid, 400, str(exc), "invalid_value")
+                return
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the loop
                 self._fail(rid, 400, f"the request cannot run: {type(exc).__name__}: {exc}", "invalid_request")
+                return
+            self._send(t, Event("admitted"))
+        elif cmd[0] == "fail_all":
+            self._abort_all(self.engine, *cmd[1:])
         elif cmd[0] == "abort":
             _, rid, step_requested = cmd
             out = None
@@ -243,7 +255,9 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - the engine failed: end what was in it, keep serving
             self.num_engine_errors += 1
             log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
-            for rid in list(self.engine.requests):
+            # by the request's own id: the engine holds n > 1 requests as children "<id>#<i>"
+            rids = dict.fromkeys(seq.parent_id or rid for rid, seq in self.engine.requests.items())
+            for rid in rids:
                 try:
                     self.engine.abort_request(rid)
                 except Exception:  # noqa: BLE001
@@ -285,8 +299,9 @@ class EngineLoop:
                     self._step()
                 self._publish()
         except BaseException as exc:  # pragma: no cover - a bug in this loop
-            self.error = exc
             log.critical("engine loop died:\n%s", traceback.format_exc())
             for rid in list(self._tracked):
                 self._fail(rid, 500, "the engine loop stopped", "engine_error")
+            if self.on_lost is not None:
+                self.on_lost(f"the engine loop died: {type(exc).__name__}: {exc}")
             raise

@@ -8,11 +8,25 @@
 * :func:`launch` - ``python -m servelab.server`` as a background process
   (chapter 1); ``stop()`` sends SIGTERM and returns the exit code.
 * :func:`main` - the command line.
+
+Shutdown: the first SIGTERM (or Ctrl-C) runs the app's drain
+(:func:`servelab.server.app.create_app`): new requests get 503 at once, those in
+flight have ``--shutdown-grace`` seconds to finish, the rest end with an error
+(an error event and ``[DONE]`` for a stream), and the process exits 0. A second
+signal cuts the grace short. :meth:`ServerThread.shutdown` does the same in-process.
+
+Exit codes: 0 after a shutdown; **1 when the engine core process died** (killed,
+out of memory, crashed). That loss is logged at CRITICAL level, the dead child
+is reaped, its requests fail, and the server exits at once rather than answer
+503 forever: run it under a supervisor (systemd ``Restart=on-failure``, a
+Kubernetes Deployment, ``docker --restart``) so that exit restarts it.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -43,6 +57,51 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _server(app, config):
+    """uvicorn's server, with the app's graceful drain run on the first SIGTERM/SIGINT
+    (uvicorn alone stops accepting, waits, then cancels the handlers mid-response)."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        def __init__(self, config):
+            super().__init__(config)
+            self._loop = None
+            self._drain_task = None
+
+        async def serve(self, sockets=None):
+            self._loop = asyncio.get_running_loop()
+            app.state.request_exit = self.request_exit
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame):
+            if self._loop is None or self._drain_task is not None or self.should_exit:
+                super().handle_exit(sig, frame)  # not serving yet, or a second signal: stop now
+            else:
+                self.begin_shutdown()
+
+        def begin_shutdown(self) -> None:
+            """Drain, then stop (safe from any thread or a signal handler)."""
+            self._loop.call_soon_threadsafe(self._start_drain)
+
+        def request_exit(self) -> None:
+            """Stop now, without a drain (the engine is gone: there is nothing to drain)."""
+            self.should_exit = True
+
+        def _start_drain(self) -> None:
+            if self._drain_task is None:
+                self._drain_task = self._loop.create_task(self._drain())
+
+        async def _drain(self) -> None:
+            try:
+                await app.state.drain()
+            except Exception:  # noqa: BLE001 - stop anyway
+                logging.getLogger("servelab.server").exception("the shutdown drain failed")
+            finally:
+                self.should_exit = True
+
+    return GracefulServer(config)
+
+
 def _bound_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -67,7 +126,7 @@ class ServerThread:
         self.host, self.port = self.sock.getsockname()[:2]
         self.config = uvicorn.Config(app, log_level=log_level, lifespan="on",
                                      timeout_graceful_shutdown=graceful_s, access_log=False)
-        self.server = uvicorn.Server(self.config)
+        self.server = _server(app, self.config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="servelab-http", daemon=True)
 
@@ -85,7 +144,18 @@ class ServerThread:
         return self
 
     def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop now: requests still running are cut (use :meth:`shutdown` for a drain)."""
         self.server.should_exit = True
+        self._join(timeout_s)
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """What SIGTERM does to ``python -m servelab.server``: refuse new requests, give
+        those in flight the app's ``shutdown_grace_s``, end the rest, stop."""
+        if self.thread.is_alive():
+            self.server.begin_shutdown()
+        self._join(timeout_s)
+
+    def _join(self, timeout_s: float) -> None:
         self.thread.join(timeout_s)
         try:
             self.sock.close()
@@ -122,7 +192,8 @@ class ServerProcess:
             return ""
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM (graceful: in-flight requests finish), then wait; kill if it hangs. Exit code."""
+        """SIGTERM (graceful: in-flight requests finish within the grace), then wait; kill if
+        it hangs. Exit code (1: the engine core had died)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -206,6 +277,7 @@ def main(argv=None) -> int:
     import torch
     import uvicorn
 
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from servelab.server.app import ServerSettings, create_app
     options = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                    num_kv_blocks=args.kv_blocks, block_size=args.block_size,
@@ -225,9 +297,11 @@ def main(argv=None) -> int:
     app = create_app(engine, settings)
     sock = _bound_socket(args.host, args.port)
     port = sock.getsockname()[1]
+    # the drain has used the grace before uvicorn's own shutdown starts: what is left is
+    # writing out the ended requests' last bytes
     config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", access_log=False,
-                            timeout_graceful_shutdown=max(1, int(round(args.shutdown_grace))))
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=2)
+    server = _server(app, config)
 
     class _Announce(threading.Thread):
         def run(self):
@@ -240,8 +314,8 @@ def main(argv=None) -> int:
                     Path(args.port_file).write_text(str(port))
 
     _Announce(daemon=True).start()
-    # uvicorn re-raises the signal that stopped it once it has shut down gracefully;
-    # by then everything is finished, so that second delivery should just let us exit 0.
+    # uvicorn re-raises a signal that stopped it once it has shut down (a second signal
+    # during the drain); by then everything is finished: that delivery should not kill us.
     signal.signal(signal.SIGTERM, lambda *a: None)
     signal.signal(signal.SIGINT, lambda *a: None)  # Ctrl-C: the same clean exit
     try:
@@ -249,4 +323,4 @@ def main(argv=None) -> int:
     finally:
         if args.engine_process:
             engine.close()  # normally already gone: the app's shutdown stopped it
-    return 0
+    return 1 if app.state.engine_lost else 0
