@@ -59,6 +59,8 @@ class SamplingParams:
     ``n``: completions of the one prompt (the engine fans the request out into n
     sequences that share the prompt's cached blocks; single-sequence ``generate``
     accepts only 1).
+    ``detokenize``: ``False`` returns token ids only, with empty text (vLLM's field; stop
+    strings then cannot be used, as there).
     The rules themselves live in :class:`servelab.engine.stop.StopChecker`.
     """
 
@@ -74,6 +76,7 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     n: int = 1
+    detokenize: bool = True
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -98,6 +101,11 @@ class SamplingParams:
             raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise ValueError(f"n (completions per prompt) must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError(f"stop strings {self.stop!r} need text, but detokenize=False; "
+                             "use stop_token_ids, or detokenize=True")
         return self
 
     @property

@@ -19,7 +19,12 @@ from pathlib import Path
 from servelab.engine.engine import LLMEngine
 from servelab.engine.sequence import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "load_tokenizer"]
+__all__ = ["LLM", "load_tokenizer", "normalize_prompts"]
+
+# The keys of vLLM's prompt dicts (TextPrompt, TokensPrompt) that this engine runs.
+_PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
+_FORMS = ('a string, a list of token ids, {"prompt": "..."} or {"prompt_token_ids": [...]}, '
+          'or a list of these')
 
 
 def load_tokenizer(folder: str | Path | None):
@@ -44,6 +49,11 @@ class LLM:
     blocks for every seat to reach ``max_model_len``, but at most
     ``DEFAULT_POOL_TOKENS`` slots (a laptop-sized pool; vLLM instead sizes it
     from the accelerator memory left after the weights).
+
+    Two of ``vllm.LLM``'s arguments are accepted under vLLM's names, so a script
+    written for vLLM runs here unchanged: ``skip_tokenizer_init=True`` (no
+    tokenizer: prompts are token ids, outputs carry ids and empty text) and
+    ``num_gpu_blocks_override`` (the KV pool's blocks, same as ``num_kv_blocks``).
     """
 
     DEFAULT_POOL_TOKENS = 32_768
@@ -53,15 +63,23 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  long_prefill_token_threshold: int | None = None, max_model_len: int | None = None,
                  dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None,
-                 speculative_config: dict | None = None, enforce_eager: bool = True):
+                 speculative_config: dict | None = None, enforce_eager: bool = True,
+                 skip_tokenizer_init: bool = False, num_gpu_blocks_override: int | None = None):
         from servelab.model import LlamaModel, load_pretrained
+        if num_gpu_blocks_override is not None:
+            if num_kv_blocks is not None and num_kv_blocks != num_gpu_blocks_override:
+                raise ValueError(f"num_kv_blocks={num_kv_blocks} and num_gpu_blocks_override="
+                                 f"{num_gpu_blocks_override} disagree; they name the same pool, pass one")
+            num_kv_blocks = num_gpu_blocks_override
+        if skip_tokenizer_init and tokenizer is not None:
+            raise ValueError("skip_tokenizer_init=True with a tokenizer given; drop one of them")
         folder = None
         if not isinstance(model, LlamaModel):
             folder = Path(model)
             model = load_pretrained(folder, dtype=dtype)
         if quantization is not None:
             model = _quantize(model, quantization)
-        if tokenizer is None:
+        if tokenizer is None and not skip_tokenizer_init:
             tokenizer = load_tokenizer(folder)
         self.model = model
         self.tokenizer = tokenizer
@@ -80,25 +98,32 @@ class LLM:
 
     def generate(self, prompts, sampling_params=None, *, cache_salt: str | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Outputs in the order of ``prompts`` (strings or token-id lists).
+        """Outputs in the order of ``prompts``.
 
+        ``prompts`` takes what ``vllm.LLM.generate`` takes: one prompt or a list of
+        them, each a string, a list of token ids, ``{"prompt": str}`` (vLLM's
+        ``TextPrompt``) or ``{"prompt_token_ids": [...]}`` (``TokensPrompt``); a dict
+        may carry its own ``"cache_salt"``. Anything else raises ``ValueError``
+        naming the prompt and the fix (:func:`normalize_prompts`).
         ``sampling_params`` is one :class:`~servelab.sampling.SamplingParams`
         for all prompts or a list with one per prompt.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        items = normalize_prompts(prompts)
+        prompts = [p for p, _ in items]
         if sampling_params is None:
             from servelab.sampling import SamplingParams
             sampling_params = SamplingParams()
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts; "
+                             "pass one SamplingParams for all, or a list with one per prompt")
+        salts = [salt if salt is not None else cache_salt for _, salt in items]
         results: list[RequestOutput | None] = [None] * len(prompts)
         ids = {}
-        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        for i, (prompt, sp, salt) in enumerate(zip(prompts, params, salts)):
             rid = str(next(self._ids))
             try:
-                self.engine.add_request(rid, prompt, sp, cache_salt=cache_salt)
+                self.engine.add_request(rid, prompt, sp, cache_salt=salt)
                 ids[rid] = i
             except ValueError as exc:
                 results[i] = _error_output(rid, prompt, str(exc))
@@ -114,11 +139,85 @@ class LLM:
                         bar.update(1)
         if bar is not None:
             bar.close()
+        for out, sp in zip(results, params):
+            if not getattr(sp, "detokenize", True):  # vLLM's detokenize=False: ids only
+                out.delta_text = ""
+                for c in out.outputs:
+                    c.text = ""
         return results
 
     @property
     def config(self):
         return self.engine.config
+
+
+def normalize_prompts(prompts) -> list[tuple[str | list[int], str | None]]:
+    """vLLM's prompt forms as ``[(text or token ids, cache salt or None), ...]``.
+
+    One prompt (a string, a list of token ids, ``{"prompt": str}``,
+    ``{"prompt_token_ids": list[int]}``) or a list (or tuple) of them, mixed
+    freely; ``[]`` is no prompts. A list of ints is one token-id prompt; a list
+    of lists is several. Anything else -- another type, a dict with neither key
+    or with keys this engine does not run (``multi_modal_data``, ...), a token
+    that is not an int -- raises ``ValueError`` that names the prompt and the
+    fix, before anything is queued. Content checks (empty, too long, ids outside
+    the vocabulary) stay per request: such a prompt comes back as an error output.
+    """
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                            and _is_number(prompts[0])):
+        return [_one_prompt(prompts, None)]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be {_FORMS}; got {type(prompts).__name__}"
+                         + (" (a lazy iterable: pass list(...) of it)" if hasattr(prompts, "__iter__") else ""))
+    return [_one_prompt(p, i) for i, p in enumerate(prompts)]
+
+
+def _is_number(x) -> bool:  # a list starting with one is meant as token ids
+    import numbers
+    return isinstance(x, numbers.Number) and not isinstance(x, bool)
+
+
+def _is_token(x) -> bool:
+    import numbers
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _one_prompt(p, index: int | None) -> tuple[str | list[int], str | None]:
+    where = "prompt" if index is None else f"prompts[{index}]"
+    if isinstance(p, str):
+        return p, None
+    if isinstance(p, dict):
+        unknown = sorted(str(k) for k in p if k not in _PROMPT_KEYS)
+        if unknown:
+            raise ValueError(f"{where} has keys this engine does not run: {unknown}; a prompt dict "
+                             f"takes only {list(_PROMPT_KEYS)} (text models, no multimodal input)")
+        salt = p.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError(f"{where}['cache_salt'] must be a string, got {type(salt).__name__}")
+        if "prompt_token_ids" in p:  # vLLM's TokensPrompt; a "prompt" beside it is only a label
+            ids = p["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)):
+                raise ValueError(f"{where}['prompt_token_ids'] must be a list of token ids, "
+                                 f"got {type(ids).__name__}")
+            return _token_list(ids, f"{where}['prompt_token_ids']"), salt
+        if "prompt" in p:  # vLLM's TextPrompt
+            if not isinstance(p["prompt"], str):
+                raise ValueError(f"{where}['prompt'] must be a string, got {type(p['prompt']).__name__}; "
+                                 f"token ids go under 'prompt_token_ids'")
+            return p["prompt"], salt
+        raise ValueError(f"{where} is a dict with neither 'prompt' nor 'prompt_token_ids'; "
+                         f"write {{'prompt': text}} or {{'prompt_token_ids': [ids]}}")
+    if isinstance(p, (list, tuple)):
+        return _token_list(p, where), None
+    raise ValueError(f"{where} must be {_FORMS}; got {type(p).__name__}")
+
+
+def _token_list(ids, where: str) -> list[int]:
+    bad = next((i for i, t in enumerate(ids) if not _is_token(t)), None)
+    if bad is not None:
+        raise ValueError(f"{where}[{bad}] is {ids[bad]!r} ({type(ids[bad]).__name__}), not a token id; "
+                         f"a token-id prompt is a flat list of ints (several prompts: a list of such lists)")
+    return [int(t) for t in ids]
 
 
 def _quantize(model, scheme: str):
