@@ -98,3 +98,11 @@ def test_hf_dict_roundtrip_keeps_token_ids_and_rope_parameters():
     c = ModelConfig.from_hf_dict(d)
     assert c.eos_token_ids == [3, 4] and c.rope_theta == 5e5 and c.rope_scaling is None
     assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
+
+
+def test_llama31_8b_is_llama3_8b_with_a_128k_context():
+    old, new = get_model("Llama-3-8B"), get_model("Llama-3.1-8B")
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim"):
+        assert getattr(new, field) == getattr(old, field)
+    assert (old.max_position_embeddings, new.max_position_embeddings) == (8192, 131_072)
