@@ -100,8 +100,9 @@ def test_hf_dict_roundtrip_keeps_token_ids_and_rope_parameters():
     assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
 
 
-def test_llama31_8b_is_llama3_8b_with_a_128k_context():
-    old, new = get_model("Llama-3-8B"), get_model("Llama-3.1-8B")
+@pytest.mark.parametrize("size", ["8B", "70B"])
+def test_llama31_is_llama3_with_a_128k_context(size):
+    old, new = get_model(f"Llama-3-{size}"), get_model(f"Llama-3.1-{size}")
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim"):
         assert getattr(new, field) == getattr(old, field)

@@ -268,6 +268,16 @@ LLAMA31_8B = _register(ModelConfig(
     rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
     source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"))
 
+LLAMA31_70B = _register(ModelConfig(
+    name="Llama-3.1-70B", vocab_size=128_256, hidden_size=8192, intermediate_size=28_672,
+    num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+    max_position_embeddings=131_072, rope_theta=500_000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    nominal_params=70e9,
+    rms_norm_eps=1e-5,  # as its config.json (transformers defaults to 1e-6)
+    source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"))
+
 LLAMA31_405B = _register(ModelConfig(
     name="Llama-3.1-405B", vocab_size=128_256, hidden_size=16_384, intermediate_size=53_248,
     num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8,
