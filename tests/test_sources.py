@@ -41,6 +41,16 @@ def test_entries_that_repeat_a_chip_datasheet_agree_with_specs():
     assert sources.value("nvlink4_bandwidth") == h100.interconnect_bandwidth
 
 
+def test_listed_memory_is_close_to_binary_gigabytes():
+    """The driver reports about the listed figure in GiB: 6-7% more bytes than read as GB."""
+    mib, gib = 2**20, 2**30
+    for key, listed in (("h100_driver_memory_mib", specs.get_chip("H100").memory_bytes),
+                        ("b200_driver_memory_mib", specs.get_chip("B200").usable_memory_bytes)):
+        driver = sources.value(key) * mib
+        assert abs(driver / (listed / 1e9 * gib) - 1) < 0.01, key
+        assert 1.06 < driver / listed < 1.08, key
+
+
 def test_references_list_each_work_once_and_cover_every_key():
     refs = sources.references()
     assert len({r.url for r in refs}) == len(refs)

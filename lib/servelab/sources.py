@@ -79,6 +79,12 @@ _FLASH2 = ("Tri Dao, \"FlashAttention-2: Faster Attention with Better Parallelis
            "Partitioning\" (2023)", "https://arxiv.org/abs/2307.08691")
 _FLASH = ("Tri Dao et al., \"FlashAttention: Fast and Memory-Efficient Exact Attention with "
           "IO-Awareness\", NeurIPS 2022", "https://arxiv.org/abs/2205.14135")
+_NCCL_H100 = ("NVIDIA/nccl issue #1264, \"Only ~783GByte/s out of theoretical 900GB/s HGX H100 SXM "
+              "Nvlink4\" (2024), its nvidia-smi output", "https://github.com/NVIDIA/nccl/issues/1264")
+_TRTLLM_B200 = ("NVIDIA/TensorRT-LLM issue #10278, \"b200x8 deepseek-ai/DeepSeek-V3.2-Exp max perf\" "
+                "(2025), its nvidia-smi output", "https://github.com/NVIDIA/TensorRT-LLM/issues/10278")
+_LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
+                 "https://ai.meta.com/blog/meta-llama-3-1/")
 
 
 def _s(key, value, unit, what, work, note=""):
@@ -116,6 +122,14 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("nvlink4_bandwidth", 900e9, "bytes/s",
        "NVLink bandwidth per H100 SXM GPU (fourth generation, both directions)", _H100),
     _s("nvl72_gpus", 72, "GPUs", "Blackwell GPUs in one GB200 NVL72 NVLink domain", _NVL72),
+    _s("h100_driver_memory_mib", 81_559, "MiB",
+       "memory nvidia-smi reports on an H100 SXM sold as 80 GB (85.5e9 bytes, 79.6 GiB)", _NCCL_H100),
+    _s("b200_driver_memory_mib", 183_359, "MiB",
+       "memory nvidia-smi reports on a B200 listed at 180 GB in the DGX B200 (192.3e9 bytes, "
+       "179.1 GiB)", _TRTLLM_B200),
+    _s("llama31_405b_fp8_nodes", 1, "server node",
+       "Llama 3.1 405B in fp8 (Meta's quantization from bf16) runs within a single server node",
+       _LLAMA31_BLOG),
     _s("nvl72_nvlink_bandwidth", 130e12, "bytes/s",
        "combined NVLink bandwidth of one GB200 NVL72 rack", _NVL72),
     _s("h100_sxm_sms", 132, "SMs", "streaming multiprocessors (SMs) on an H100 SXM5", _H100_ARCH),
