@@ -215,6 +215,7 @@ def test_measure_tiny_returns_tidy_rows_and_plots():
     res = rl.measure(model=TINY, batches=(1, 2, 4), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False)
     assert torch.get_num_threads() == before  # restored
     assert res.machine["threads"] == 1 and res.machine["torch"]
+    assert res.machine["bf16_units"] == rl.bf16_units()  # recorded with every result
     kinds = {(r["kind"], r["dtype"]) for r in res.rows}
     assert {("bandwidth", "fp32"), ("matmul", "fp32"), ("matmul", "bf16"), ("decode", "fp32"),
             ("decode", "bf16")} <= kinds

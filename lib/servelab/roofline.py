@@ -634,10 +634,11 @@ class MeasureResult:
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
-    """Platform, CPU model, load, library versions and thread count, for recording results."""
+    """Platform, CPU model, load, library versions, thread count and the CPU's bf16 units
+    (:func:`bf16_units`, which set the start of a bf16 decode curve), for recording results."""
     from servelab.machine import describe
 
-    return describe(packages=("torch", "numpy"), threads=threads)
+    return {**describe(packages=("torch", "numpy"), threads=threads), "bf16_units": bf16_units()}
 
 
 def bf16_units(flags: Iterable[str] | None = None) -> str:
