@@ -107,3 +107,19 @@ def test_llama31_is_llama3_with_a_128k_context(size):
                   "num_attention_heads", "num_key_value_heads", "head_dim"):
         assert getattr(new, field) == getattr(old, field)
     assert (old.max_position_embeddings, new.max_position_embeddings) == (8192, 131_072)
+
+
+def test_gemma_7b_heads_are_wider_than_width_over_heads_and_count_as_transformers_does():
+    c = get_model("Gemma-7B")
+    assert c.num_attention_heads * c.head_dim == 4096 != c.hidden_size == 3072
+    assert c.attention_kind == "mha" and c.tie_word_embeddings
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    hf = transformers.GemmaConfig(**{k: v for k, v in c.to_hf_dict().items()
+                                     if k != "architectures"})
+    with torch.device("meta"):  # shapes only: no memory for 8.5B parameters
+        model = transformers.GemmaForCausalLM(hf)
+    from servelab.arith import count_params
+    assert sum(p.numel() for p in model.parameters()) == count_params(c).total
+    back = ModelConfig.from_hf_dict(json.loads(hf.to_json_string()), name=c.name)
+    assert back.architecture == "GemmaForCausalLM" and back.head_dim == 256

@@ -27,7 +27,8 @@ LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 #: ``model_type`` -> architecture, for a config.json that names only its type.
 _ARCH_OF_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                       "gpt2": "GPT2LMHeadModel", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                       "gpt2": "GPT2LMHeadModel", "deepseek_v3": "DeepseekV3ForCausalLM",
+                       "gemma": "GemmaForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,18 @@ QWEN25_7B = _register(ModelConfig(
     max_position_embeddings=131_072, rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=True,
     nominal_params=7.6e9, architecture="Qwen2ForCausalLM",
     source="https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json"))
+
+# Gemma 7B: plain multi-head attention whose heads are wider than width / heads
+# (16 heads x 256 = 4,096 against a width of 3,072), a GeGLU MLP and a tied head.
+GEMMA_7B = _register(ModelConfig(
+    name="Gemma-7B", vocab_size=256_000, hidden_size=3072, intermediate_size=24_576,
+    num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+    max_position_embeddings=8192, rope_theta=10_000.0, rms_norm_eps=1e-6,
+    hidden_act="gelu", tie_word_embeddings=True,  # config.json: GeGLU (a gated MLP)
+    nominal_params=8.54e9,  # the Gemma report's 8.54B (embedding plus non-embedding)
+    architecture="GemmaForCausalLM",
+    source="https://huggingface.co/google/gemma-7b/blob/main/config.json; Gemma Team, "
+           "'Gemma: Open Models Based on Gemini Research and Technology' (arXiv:2403.08295)"))
 
 # The 200B running example of a widely shared illustrated serving guide: a 200B-parameter dense model served at 8 bits,
 # 80 layers, 8 KV heads of 128 numbers (160 KB of cache per token at 1 byte).
