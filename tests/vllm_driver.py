@@ -62,8 +62,7 @@ def run(engine: str, spec: dict) -> dict:
         from servelab import LLM, SamplingParams
         version = f"servelab {getattr(servelab, '__version__', '?')}"
     import torch
-    result = {"engine": engine, "version": version, "torch": torch.__version__,
-              "torch_threads": torch.get_num_threads(), "models": {}}
+    result = {"engine": engine, "version": version, "torch": torch.__version__, "models": {}}
     for model in spec["models"]:
         t0 = time.perf_counter()
         llm = LLM(model=model["path"], skip_tokenizer_init=True, dtype="float32",
@@ -84,6 +83,7 @@ def run(engine: str, spec: dict) -> dict:
                              for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]}
         calls["preemptions"] = preemptions()
         result["models"][model["name"]] = calls
+        result["torch_threads"] = torch.get_num_threads()  # after the engine set itself up
         del llm
         gc.collect()
     return result
