@@ -336,6 +336,46 @@ def test_bad_input_over_http_gets_openai_error_body(client, payload, status, par
     assert err["param"] == param
 
 
+def test_deeply_nested_json_is_a_400_in_openai_shape(client):
+    nested = b"[" * 50_000 + b"]" * 50_000  # ~100 KB: under the size limit, past Python's recursion limit
+    r = client.post("/v1/completions", content=nested, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_an_unexpected_error_is_a_500_in_openai_shape(client, monkeypatch):
+    from servelab.server import protocol
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the server")
+    monkeypatch.setattr(protocol, "parse_request", broken)
+    r = client.post("/v1/completions", json=body())
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "internal_server_error"
+
+
+def test_a_request_the_engine_refuses_is_an_http_error_before_any_stream(client):
+    """Admission (the sampler's dry run) happens before the 200: no 200 then an error event."""
+    with client.stream("POST", "/v1/completions", json=body(temperature=1e-300, stream=True)) as r:
+        assert r.status_code == 400, r.read()
+        r.read()
+        assert r.json()["error"]["message"]
+    assert client.post("/v1/completions", json=body(temperature=1e-300)).status_code == 400
+
+
+def test_streamed_text_offsets_equal_the_non_streamed_ones_with_a_stop_string(client):
+    """Offsets count the tokens' text, not the characters sent (those lag behind a stop
+    string's holdback)."""
+    full = client.post("/v1/completions", json=body(max_tokens=24, ignore_eos=True)).json()["choices"][0]["text"]
+    b = body(max_tokens=24, ignore_eos=True, stop=[full[8:11]], logprobs=1)
+    want = client.post("/v1/completions", json=b).json()["choices"][0]["logprobs"]
+    with client.stream("POST", "/v1/completions", json={**b, "stream": True}) as s:
+        events = read_stream(s)
+    got = [ch["logprobs"] for e in events[:-1] for ch in e["choices"] if ch["logprobs"]]
+    assert [t for lp in got for t in lp["tokens"]] == want["tokens"]
+    assert [o for lp in got for o in lp["text_offset"]] == want["text_offset"]
+
+
 def test_body_over_the_size_limit_is_413(model, tok):
     srv, _ = serve(model, tok, ServerSettings(model_name=MODEL, max_body_bytes=2_000), num_kv_blocks=32)
     with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:

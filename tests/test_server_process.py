@@ -7,21 +7,24 @@ model of ``test_server`` (exact greedy parity). Every call has a timeout.
 """
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from servelab.engine import LLM
 from servelab.sampling import SamplingParams
-from servelab.server import ServerSettings, ServerThread, build_engine, create_app
+from servelab.server import ServerSettings, ServerThread, build_engine, create_app, launch
 from servelab.server.core import EngineCoreClient
 
 from test_server import MODEL, body, read_stream, tiny_model
 
 TIMEOUT = httpx.Timeout(30.0)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_engine(model, **options):
@@ -178,14 +181,39 @@ def test_too_many_requests_is_429_through_the_core():
         assert c.post("/v1/completions", json=body()).status_code == 200
 
 
-def test_a_core_that_dies_fails_its_requests_and_health_says_so():
+def test_a_core_that_dies_is_logged_reaped_and_refused_before_any_200(caplog):
+    """The loss is logged at CRITICAL, the dead child reaped (no zombie), its requests
+    fail, /health says 503, and a new request (streamed too) is a 503, never a 200."""
     client = core()
-    with serve(client) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+    with caplog.at_level(logging.CRITICAL, logger="servelab.server"), \
+            serve(client, exit_on_engine_loss=False) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
         with c.stream("POST", "/v1/completions", json=body(max_tokens=250, ignore_eos=True, stream=True)) as s:
             lines = s.iter_lines()
             next(lines)
             os.kill(client.pid, signal.SIGKILL)
             rest = [line for line in lines if line.startswith("data: ")]
         assert rest[-1] == "data: [DONE]" and "engine core stopped" in rest[-2]
+        assert wait_until(lambda: any(r.levelno == logging.CRITICAL and "engine core" in r.getMessage()
+                                      for r in caplog.records))
+        assert client.proc.returncode == -signal.SIGKILL  # reaped by the server, not by this test
         assert c.get("/health").status_code == 503
-        assert c.post("/v1/completions", json=body()).status_code in (500, 503)
+        with c.stream("POST", "/v1/completions", json=body(stream=True)) as s:
+            assert s.status_code == 503
+            s.read()
+            assert s.json()["error"]["code"] == "engine_down"
+        assert c.post("/v1/completions", json=body()).status_code == 503
+        assert "SIGKILL" in srv.app.state.engine_lost
+
+
+@pytest.mark.slow
+def test_the_server_exits_with_code_1_when_its_engine_core_dies():
+    """So that a supervisor restarts it (``python -m servelab.server``, the committed model)."""
+    server = launch(ROOT / "data" / "models" / "servelab-main")
+    try:
+        pid = httpx.get(server.url + "/health", timeout=TIMEOUT).json()["engine_pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert server.proc.wait(60) == 1, server.log()
+        assert "CRITICAL servelab.server: the engine core" in server.log(), server.log()
+        assert "RuntimeWarning" not in server.log()  # the core no longer imports the API side first
+    finally:
+        server.stop()

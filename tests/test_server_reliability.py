@@ -168,21 +168,32 @@ def test_clients_disconnecting_at_random_points_leave_no_block_in_use(server):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_in_flight_requests_and_exits_zero():
-    server = launch(ROOT / "data" / "models" / "servelab-main", args=["--shutdown-grace", "10"])
+def test_sigterm_refuses_new_requests_finishes_in_flight_ones_and_exits_zero():
+    """SIGTERM drains first: a new request (on a kept-alive connection too) gets 503 at once,
+    the stream in flight finishes within the grace, then the process exits 0."""
+    server = launch(ROOT / "data" / "models" / "servelab-main", args=["--shutdown-grace", "120"])
     try:
-        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
-            body = {"model": "servelab-main", "prompt": "def add(a, b):", "max_tokens": 60,
+        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c, \
+                httpx.Client(base_url=server.url, timeout=TIMEOUT) as kept:
+            assert kept.get("/health").status_code == 200  # this connection stays open
+            body = {"model": "servelab-main", "prompt": "def add(a, b):", "max_tokens": 600,
                     "temperature": 0, "ignore_eos": True, "stream": True}
             with c.stream("POST", "/v1/completions", json=body) as r:
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 assert first
                 server.proc.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while True:  # until the signal has been handled: then every new request is a 503
+                    refused = kept.post("/v1/completions", json={**body, "stream": False, "max_tokens": 1})
+                    if refused.status_code == 503 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
                 rest = [line for line in lines if line.startswith("data: ")]
             assert rest[-1] == "data: [DONE]"
             assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
-        assert server.proc.wait(30) == 0
+        assert server.proc.wait(60) == 0
         with pytest.raises(httpx.HTTPError):
             httpx.get(server.url + "/health", timeout=2)
     finally:
