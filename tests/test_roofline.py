@@ -420,6 +420,15 @@ def test_bf16_units_from_cpu_flags():
     assert rl.bf16_units() in ("AMX tiles", "AVX-512 bf16 dot products", "no bf16 units", "unknown")
 
 
+def test_recorded_bf16_units_says_only_what_is_known():
+    assert rl.recorded_bf16_units({"cpu": "Intel Xeon", "bf16_units": "AMX tiles"}) == "AMX tiles"
+    assert rl.recorded_bf16_units({"cpu": "AMD EPYC"}) == "no AMX tiles (an AMD CPU)"
+    assert rl.recorded_bf16_units({"cpu": "Intel Xeon"}) == "not recorded"
+    assert rl.recorded_bf16_units({}) == "not recorded"
+    with pytest.raises(TypeError, match="mapping"):
+        rl.recorded_bf16_units("AMD EPYC")
+
+
 def test_measure_result_loads_the_recorded_benchmark(tmp_path):
     from pathlib import Path
     rec = rl.MeasureResult.load(Path(__file__).resolve().parents[1] / "benchmarks/results/roofline.json")

@@ -43,7 +43,7 @@ __all__ = [
     "people_per_replica", "Replica", "EXAMPLE_REPLICA", "RequestStages", "request_stages",
     "plot_roofline",
     "measure", "MeasureResult", "measure_bandwidth", "measure_matmul", "measure_decode",
-    "build_sweep_model", "machine_info", "SWEEP_MODELS", "bf16_units",
+    "build_sweep_model", "machine_info", "SWEEP_MODELS", "bf16_units", "recorded_bf16_units",
 ]
 
 #: The 200B running example's efficiencies: decode reaches 60% of peak memory
@@ -663,6 +663,22 @@ def bf16_units(flags: Iterable[str] | None = None) -> str:
     if "avx512_bf16" in flags:
         return "AVX-512 bf16 dot products"
     return "no bf16 units"
+
+
+def recorded_bf16_units(machine: Mapping[str, Any]) -> str:
+    """The bf16 units of a recorded machine (``MeasureResult.machine``), for a caption.
+
+    Its recorded :func:`bf16_units` where the run recorded them. An older run did not, but an
+    AMD CPU has no AMX tiles (AMX is Intel's), so that much is still known; anything more
+    (AVX-512 bf16 or none) is not, and the answer says 'not recorded'.
+    """
+    if not isinstance(machine, Mapping):
+        raise TypeError(f"machine must be a mapping (MeasureResult.machine), got {type(machine).__name__}")
+    if machine.get("bf16_units"):
+        return str(machine["bf16_units"])
+    if "amd" in str(machine.get("cpu", "")).lower():
+        return "no AMX tiles (an AMD CPU)"
+    return "not recorded"
 
 
 STATISTICS = ("median", "min")
