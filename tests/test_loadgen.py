@@ -44,6 +44,12 @@ def test_length_distributions():
         parse_length_dist(3.5)
 
 
+@pytest.mark.parametrize("spec", ["fixed:0.5", "fixed:2.5", "uniform:0.5:3", "uniform:2:3.5"])
+def test_fractional_fixed_or_uniform_lengths_are_refused_not_rounded(spec):
+    with pytest.raises(ValueError, match="whole number"):
+        parse_length_dist(spec)
+
+
 def test_synthetic_requests_and_trace(tmp_path):
     reqs = synthetic_requests(20, "uniform:4:8", "fixed:3", vocab_size=50, seed=1)
     assert len(reqs) == 20 and all(4 <= len(r.prompt) <= 8 for r in reqs)

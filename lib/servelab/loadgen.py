@@ -148,6 +148,9 @@ def parse_length_dist(spec: str | int):
     if len(nums) != want[kind] or any(x <= 0 and not (kind == "lognormal" and i == 1 and x == 0)
                                       for i, x in enumerate(nums)):
         raise ValueError(f"{kind} needs {want[kind]} positive number(s), got {spec!r}")
+    if kind in ("fixed", "uniform") and any(x != int(x) for x in nums):
+        raise ValueError(f"{kind} lengths are token counts: give whole numbers >= 1, got {spec!r} "
+                         f"(for a mean that is not whole, use exponential:MEAN or lognormal:MEDIAN:SIGMA)")
     if kind == "fixed":
         n = int(nums[0])
         return lambda rng: n
