@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +83,16 @@ def server():
     with srv:
         yield srv, client
     assert client.proc.poll() is not None  # the app's shutdown ended the core process
+
+
+def test_the_engine_core_imports_no_http_stack_and_starts_without_a_warning():
+    code = "import sys, servelab.server.core; print(sorted({'fastapi', 'starlette', 'uvicorn'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+    # runpy warned when the package's __init__ had imported the core before `-m` ran it
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "servelab.server.core", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "RuntimeWarning" not in r.stderr, r.stderr
 
 
 def test_the_engine_runs_in_another_process(server):
