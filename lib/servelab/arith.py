@@ -43,8 +43,10 @@ WEIGHTS_MEMORY_SHARE = 0.6
 #: DGX H100: 8 GPUs each; https://www.nvidia.com/en-us/data-center/dgx-b200/).
 BOX_CHIPS = 8
 
-#: The most chips one replica may span: a 72-GPU rack-scale NVLink domain
-#: (NVIDIA GB200 NVL72: https://www.nvidia.com/en-us/data-center/gb200-nvl72/).
+#: The most chips one replica may span: a planning cap taken from the largest
+#: NVLink domain, 72 GPUs (NVIDIA GB200 NVL72:
+#: https://www.nvidia.com/en-us/data-center/gb200-nvl72/). Boxes of 8 joined by a
+#: network have no such hardware limit; the course plans within it.
 MAX_REPLICA_CHIPS = 72
 
 #: Chip counts a replica is built from. Inside a box, tensor parallelism splits
@@ -240,7 +242,7 @@ def round_to_group(num_chips: int, group_sizes: tuple[int, ...] = GROUP_SIZES) -
     By default (:data:`GROUP_SIZES`) a power of two up to one 8-chip box, then
     whole boxes: 1 -> 1, 3 -> 4, 8 -> 8, 9 -> 16, 17 -> 24, 65 -> 72.
     Replicas follow how chips are wired, not exact arithmetic. Beyond the
-    largest size (72 chips, one rack-scale NVLink domain) this refuses.
+    largest size (72 chips, the planning cap) this refuses.
     """
     _check_count("num_chips", num_chips)
     sizes = sorted(group_sizes)
