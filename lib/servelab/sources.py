@@ -69,6 +69,8 @@ _OPENAI_CACHE = ("OpenAI, \"Prompt Caching in the API\" (2024)",
                  "https://openai.com/index/api-prompt-caching/")
 _ANTHROPIC_CACHE = ("Anthropic documentation, \"Prompt caching\"",
                     "https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching")
+_OPENAI_CACHE_DOCS = ("OpenAI API documentation, \"Prompt caching\" (guide, with its retention policies)",
+                      "https://developers.openai.com/docs/guides/prompt-caching")
 _DSV2 = ("DeepSeek-AI, \"DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language "
          "Model\" (2024)", "https://arxiv.org/abs/2405.04434")
 _SPEC = ("Yaniv Leviathan, Matan Kalman and Yossi Matias, \"Fast Inference from Transformers via "
@@ -189,6 +191,17 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "Anthropic: price of writing a prefix to the cache (5-minute lifetime)", _ANTHROPIC_CACHE),
     _s("anthropic_cache_read_factor", 0.10, "x base input price",
        "Anthropic: price of reading a cached prefix", _ANTHROPIC_CACHE),
+    _s("anthropic_cache_ttl_long_minutes", 60, "minutes",
+       "Anthropic: the optional longer cache lifetime (ttl \"1h\" in cache_control)", _ANTHROPIC_CACHE),
+    _s("anthropic_cache_write_factor_long", 2.0, "x base input price",
+       "Anthropic: price of writing a prefix to the cache with the 1-hour lifetime", _ANTHROPIC_CACHE),
+    _s("openai_cache_extended_retention_hours", 24, "hours",
+       "OpenAI: extended prompt cache retention (prompt_cache_retention \"24h\") keeps a cached prefix "
+       "up to this long", _OPENAI_CACHE_DOCS,
+       "the in-memory policy keeps it minutes; which models offer which policy varies"),
+    _s("openai_cache_input_saving_max", 0.90, "fraction",
+       "OpenAI: prompt caching can cut input token costs by up to this share", _OPENAI_CACHE_DOCS,
+       "the discount on cached input depends on the model"),
     # Shrinking the cache, speculative decoding
     _s("deepseek_v2_kv_reduction", 0.933, "fraction",
        "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
