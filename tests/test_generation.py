@@ -115,3 +115,45 @@ def test_committed_models_load_and_write_python(name, low, high):
     res = generate(model, tok, "def __init__(self", max_new_tokens=24)
     assert res.num_tokens > 0
     assert any(s in res.text for s in ("self", ")", ":", "\n")), res.text
+
+
+class StepClock:
+    """A fake clock that advances one second per reading: every timed pass takes exactly 1 s."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_time_passes_times_one_prefill_and_one_pass_per_later_token(tiny):
+    from servelab.generation import time_passes
+
+    timed = time_passes(tiny, LetterTokenizer(), "abc", 5, runs=2, clock=StepClock())
+    assert timed.prompt_tokens == 3 and timed.new_tokens == 5
+    assert timed.prefill_s == (1.0, 1.0)
+    assert timed.decode_s == ((1.0,) * 4, (1.0,) * 4)   # 5 tokens: 1 prefill + 4 decode passes
+    assert timed.prefill_median_s == 1.0 and timed.decode_median_s == 1.0
+    assert timed.answer_s(10) == 1.0 + 9 * 1.0
+    # max_new_tokens overrides the sampling's max_tokens: the answer has exactly that length
+    sampling = SamplingParams(temperature=0.8, seed=1, max_tokens=99)
+    timed = time_passes(tiny, LetterTokenizer(), "abc", 3, runs=1, sampling=sampling,
+                        clock=StepClock())
+    assert len(timed.decode_s[0]) == 2
+
+
+def test_time_passes_refuses_what_cannot_be_timed(tiny):
+    from servelab.generation import time_passes
+
+    tok = LetterTokenizer()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        time_passes(tiny, tok, "abc", 1)
+    with pytest.raises(ValueError, match="runs"):
+        time_passes(tiny, tok, "abc", 4, runs=0)
+    with pytest.raises(ValueError, match="stop"):
+        time_passes(tiny, tok, "abc", 4, sampling=SamplingParams(stop=["x"]))
+    timed = time_passes(tiny, tok, "abc", 2, runs=1, clock=StepClock())
+    with pytest.raises(ValueError, match="new_tokens"):
+        timed.answer_s(0)

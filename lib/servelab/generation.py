@@ -7,6 +7,8 @@ against. Every generated token costs a full pass through the model: a
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -14,7 +16,8 @@ import torch
 
 from servelab.sampling import SamplingParams, make_generator, sample, top_logprobs, logprobs as log_softmax
 
-__all__ = ["GenerationResult", "generate", "encode_prompt", "decode_tokens"]
+__all__ = ["GenerationResult", "generate", "encode_prompt", "decode_tokens", "PassTimes",
+           "time_passes"]
 
 
 @dataclass
@@ -137,3 +140,87 @@ def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int 
             passes += 1
     return GenerationResult(prompt_token_ids=prompt_ids, token_ids=out, text=text, finish_reason=finish,
                             stop_reason=reason, logprobs=chosen_lp, top_logprobs=alts, forward_passes=passes)
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds per forward pass of :func:`generate`, over ``runs`` runs of one request.
+
+    ``prefill_s`` holds one entry per run (the pass over the whole prompt);
+    ``decode_s`` one list per run, one entry per decode pass (one new token
+    each). Only the model's forward passes are timed, not the draws between them.
+    """
+
+    prompt_tokens: int
+    new_tokens: int
+    prefill_s: tuple[float, ...]
+    decode_s: tuple[tuple[float, ...], ...]
+
+    @property
+    def prefill_median_s(self) -> float:
+        return statistics.median(self.prefill_s)
+
+    @property
+    def all_decode_s(self) -> list[float]:
+        return [t for run in self.decode_s for t in run]
+
+    @property
+    def decode_median_s(self) -> float:
+        """The median decode pass over every run: robust to the odd slow pass."""
+        return statistics.median(self.all_decode_s)
+
+    def answer_s(self, new_tokens: int) -> float:
+        """The loop's cost model: one prefill, then one decode pass per token after the first."""
+        if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
+            raise ValueError(f"new_tokens must be an integer >= 1, got {new_tokens!r}")
+        return self.prefill_median_s + (new_tokens - 1) * self.decode_median_s
+
+
+class _TimedModel:
+    """A model whose every call (one forward pass) is timed; everything else passes through."""
+
+    def __init__(self, model, clock: Callable[[], float]):
+        self._model, self._clock, self.seconds = model, clock, []
+
+    def __call__(self, *args, **kwargs):
+        start = self._clock()
+        out = self._model(*args, **kwargs)
+        self.seconds.append(self._clock() - start)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def time_passes(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int, *,
+                runs: int = 3, sampling: SamplingParams | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> PassTimes:
+    """Time each forward pass of ``generate`` for an answer of exactly ``max_new_tokens``.
+
+    Runs the request ``runs`` times (greedy unless ``sampling`` says otherwise;
+    the end token is ignored so every run makes the same number of tokens) and
+    returns the prefill pass and every decode pass of each run. A fixed-length
+    answer cannot have stop strings or stop tokens: those are a ``ValueError``.
+    """
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 2:
+        raise ValueError(f"max_new_tokens must be an integer >= 2 (a prefill and at least one "
+                         f"decode pass), got {max_new_tokens!r}")
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ValueError(f"runs must be an integer >= 1, got {runs!r}")
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
+    if params.stop or params.stop_token_ids:
+        raise ValueError("time_passes times a fixed-length answer; drop stop and stop_token_ids "
+                         f"from sampling (got stop={params.stop!r}, "
+                         f"stop_token_ids={params.stop_token_ids!r})")
+    params = SamplingParams(**{**params.__dict__, "max_tokens": max_new_tokens,
+                               "ignore_eos": True, "min_tokens": 0})
+    prefill, decode, prompt_tokens = [], [], 0
+    for _ in range(runs):
+        timed = _TimedModel(model, clock)
+        res = generate(timed, tokenizer, prompt, sampling=params)
+        assert res.forward_passes == len(timed.seconds) == max_new_tokens
+        prompt_tokens = len(res.prompt_token_ids)
+        prefill.append(timed.seconds[0])
+        decode.append(tuple(timed.seconds[1:]))
+    return PassTimes(prompt_tokens=prompt_tokens, new_tokens=max_new_tokens,
+                     prefill_s=tuple(prefill), decode_s=tuple(decode))
