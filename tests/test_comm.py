@@ -41,8 +41,15 @@ def test_ring_all_reduce_formula():
 
 def test_all_to_all_formula():
     link = comm.Link("test", bandwidth=10.0, latency_s=0.5)
-    assert comm.all_to_all_seconds(100, link, 5) == pytest.approx(4 * 0.5 + 0.8 * 100 / 10)
+    # one latency by default, as the simple all-reduce charges
+    assert comm.all_to_all_seconds(100, link, 5) == pytest.approx(0.5 + 0.8 * 100 / 10)
+    assert comm.all_to_all_seconds(0, link, 5) == comm.allreduce_seconds(0, link, 5)
+    # one peer at a time: p - 1 latencies, the same bytes
+    assert comm.all_to_all_seconds(100, link, 5, "pairwise") == pytest.approx(4 * 0.5 + 0.8 * 100 / 10)
+    assert comm.all_to_all_seconds(100, link, 5, latency_s=0) == pytest.approx(8.0)
     assert comm.all_to_all_seconds(100, link, 1) == 0.0
+    with pytest.raises(ValueError, match="pairwise"):
+        comm.all_to_all_seconds(100, link, 5, "ring")
 
 
 def test_links_have_sources_and_domains():

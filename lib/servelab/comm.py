@@ -5,8 +5,11 @@ Pure Python (no torch), like the other calculators. Three ideas:
 * **Link registry** (:data:`LINKS`): the links a serving replica talks over,
   each with its bandwidth, a per-exchange latency and its public source.
 * **The alpha-beta model**: one exchange costs a fixed latency ``alpha`` plus
-  ``bytes / bandwidth`` (``beta`` is the seconds per byte). A ring all-reduce
-  over ``p`` chips makes ``2 (p - 1)`` exchanges of ``bytes / p`` each.
+  ``bytes / bandwidth`` (``beta`` is the seconds per byte). Every collective's
+  default ("simple") charges one ``alpha``: the all-reduce and the all-to-all
+  alike. Named schedules charge one per step that waits for the last: a ring
+  all-reduce over ``p`` chips makes ``2 (p - 1)`` exchanges of ``bytes / p``
+  each; a pairwise all-to-all makes ``p - 1``.
 * **The per-step bill** of tensor splitting (:func:`tensor_parallel_bill`): two
   all-reduces per layer (one after attention, one after the MLP), each carrying
   every token's residual-stream row.
@@ -33,7 +36,7 @@ __all__ = [
     "Link", "LINKS", "get_link", "US", "allreduce_message_bytes", "allreduces_per_step",
     "exchange_seconds", "allreduce_seconds", "all_to_all_seconds", "CommBill",
     "tensor_parallel_bill", "bubble_fraction", "pipeline_span", "weight_bytes_per_chip",
-    "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS", "fit_alpha_beta",
+    "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS", "ALL_TO_ALL_ALGORITHMS", "fit_alpha_beta",
 ]
 
 US = 1e-6
@@ -51,6 +54,8 @@ NETWORK_LATENCY_S = 10 * US
 BYTES_PER_TOKEN_ENGLISH = 4
 
 ALGORITHMS = ("simple", "ring")
+#: All-to-all schedules: every peer at once (one latency) or one peer at a time (p - 1).
+ALL_TO_ALL_ALGORITHMS = ("simple", "pairwise")
 
 
 @dataclass(frozen=True)
@@ -220,18 +225,32 @@ def allreduce_seconds(nbytes: float, link: Link | str, world_size: int = 8, algo
 
 
 def all_to_all_seconds(nbytes_per_chip: float, link: Link | str, world_size: int,
-                       latency_s: float | None = None) -> float:
+                       algorithm: str = "simple", latency_s: float | None = None) -> float:
     """All-to-all: each chip sends ``(p - 1) / p`` of its ``nbytes_per_chip`` to the others.
 
-    ``(p - 1) alpha + (p - 1) / p * nbytes / bandwidth`` (one exchange with each
-    peer, all sharing the chip's link).
+    The bytes term is ``(p - 1) / p * nbytes / bandwidth`` (every byte bound for
+    another chip shares this chip's link). The latency term follows the same
+    model as :func:`allreduce_seconds`, one ``alpha`` per step that must wait
+    for the one before:
+
+    * ``"simple"`` -- one latency: the chip posts its sends to every peer at
+      once (NCCL's grouped sends, torch's ``all_to_all_single``), and the
+      exchanges overlap. The same rule the simple all-reduce follows, so the
+      two collectives compare fairly.
+    * ``"pairwise"`` -- ``p - 1`` latencies: one exchange with each peer in
+      turn (the textbook pairwise schedule). An upper bound on the fixed delay.
     """
     link = get_link(link)
     _non_negative("nbytes_per_chip", nbytes_per_chip)
     _positive_int("world_size", world_size)
     alpha = link.latency_s if latency_s is None else _non_negative("latency_s", latency_s)
+    if algorithm not in ALL_TO_ALL_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALL_TO_ALL_ALGORITHMS}, got {algorithm!r}")
     p = world_size
-    return (p - 1) * alpha + (p - 1) / p * nbytes_per_chip / link.bandwidth
+    if p == 1:
+        return 0.0
+    steps = 1 if algorithm == "simple" else p - 1
+    return steps * alpha + (p - 1) / p * nbytes_per_chip / link.bandwidth
 
 
 @dataclass(frozen=True)
