@@ -77,3 +77,54 @@ def test_moe_module_is_pure_until_the_layer_is_asked_for():
     assert out.stdout.split() == ["False", "True"]
     with pytest.raises(AttributeError):
         moe.no_such_thing
+
+
+def test_expert_parallel_chips_read_a_full_copy_of_the_dense_weights():
+    one = moe.bytes_read_per_step("DeepSeek-V3", 2048)
+    ep = moe.bytes_read_per_step("DeepSeek-V3", 2048, chips=32)
+    assert one["read_bytes_per_chip"] == pytest.approx(one["read_bytes"])
+    assert ep["read_bytes"] == pytest.approx(one["read_bytes"])          # each weight once
+    assert ep["read_bytes_per_chip"] == pytest.approx(ep["dense_bytes"] + ep["expert_bytes_read"] / 32)
+    assert ep["read_bytes_all_chips"] == pytest.approx(32 * ep["dense_bytes"] + ep["expert_bytes_read"])
+    assert 16e9 < ep["dense_bytes"] < 18e9                               # 671B - 654B of experts, 8 bits
+    with pytest.raises(ValueError, match="chips"):
+        moe.bytes_read_per_step("DeepSeek-V3", 8, chips=0)
+
+
+def test_ridge_and_expert_size():
+    assert moe.expert_params_per_layer("DeepSeek-V3") == 3 * 7168 * 2048
+    assert moe.ridge_tokens_per_expert("H100 SXM") == pytest.approx(295, abs=1)
+    assert moe.ridge_tokens_per_expert("H100 SXM", "bf16", 2) == pytest.approx(295, abs=1)
+    with pytest.raises(ValueError, match="not a mixture"):
+        moe.expert_params_per_layer("Llama-3-8B")
+
+
+def test_imbalance_cost_depends_on_the_regime():
+    p = moe.expert_params_per_layer("DeepSeek-V3")
+    ridge = moe.ridge_tokens_per_expert("H100 SXM")
+    plain = moe.place_experts(8, 4)
+    copied = moe.place_experts(8, 4, {0: 2})
+    big = [2600, 1600, 1100, 800, 700, 500, 500, 400]                     # all above the ridge
+    assert min(big) > ridge
+    assert moe.imbalance_cost(big, plain, p, "H100 SXM") == pytest.approx(
+        moe.load_imbalance(moe.rank_loads(big, plain)))                  # time follows the pairs
+    assert moe.imbalance_cost(big, copied, p, "H100 SXM") < moe.imbalance_cost(big, plain, p, "H100 SXM")
+    small = [160, 100, 65, 47, 42, 29, 34, 24]                            # all below the ridge
+    assert moe.load_imbalance(moe.rank_loads(small, plain)) > 2
+    assert moe.imbalance_cost(small, plain, p, "H100 SXM") == pytest.approx(1.0)   # every rank: one read
+    # the copy adds a weight read to the rank that takes it: 3 experts where 2 were
+    assert moe.imbalance_cost(small, copied, p, "H100 SXM") == pytest.approx(1.5)
+    secs = moe.rank_expert_seconds([0, 10, 0, 0], [[0, 1], [2, 3]], p, "H100 SXM")
+    assert secs[0] > 0 and secs[1] == 0.0                               # untouched experts are not read
+
+
+def test_capacity_and_dropped_pairs():
+    assert moe.expert_capacity(4096, 2, 8, 1.0) == 1024
+    assert moe.expert_capacity(4096, 2, 8) == 1280
+    assert moe.expert_capacity(3, 1, 2, 1.0) == 2                          # rounded up
+    assert moe.dropped_pairs([1300, 1000, 900], 1280) == 20
+    assert moe.dropped_pairs([10, 10], 10) == 0
+    for call in (lambda: moe.expert_capacity(8, 2, 8, 0), lambda: moe.dropped_pairs([1], -1),
+                 lambda: moe.dropped_pairs([1], 1.5), lambda: moe.rank_expert_seconds([1], [[0]], 0, "H100 SXM")):
+        with pytest.raises(ValueError):
+            call()
