@@ -28,7 +28,7 @@ from servelab.specs import ModelConfig, get_model
 __all__ = [
     "CHIP_HOURLY_USD", "PRICE_SOURCES", "PROMPT_CACHE_TERMS", "DEFAULT_BATCH", "ChatCost", "chat_cost",
     "SENSITIVITY_RANGES", "Sensitivity", "sensitivity", "plot_sensitivity",
-    "PrefixReadout", "prefix_readout",
+    "PrefixReadout", "prefix_readout", "PrefixTier", "PREFIX_TIERS", "TierPrice", "prefix_tier_price",
 ]
 
 #: On-demand rental price per chip-hour in US dollars, from a public price list.
@@ -360,3 +360,133 @@ def prefix_readout(tier: str = "small", preamble_tokens: int = 2000, question_to
                          preamble_kv_bytes=preamble_tokens * readout.bytes_per_token,
                          room_bytes=readout.room_bytes, price_per_chip_hour=price)
 
+
+
+# ---------------------------------------------------------------------------
+# Tiers below HBM: reload a cached prefix, or recompute it (chapter 13)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefixTier:
+    """A place a cold prefix can wait below HBM: its peak bandwidth into one chip and fixed delay."""
+
+    name: str
+    bandwidth: float      # bytes per second, the link's peak (real transfers get less)
+    latency_s: float
+    source: str
+
+
+def _prefix_tiers() -> dict[str, PrefixTier]:
+    from servelab import comm
+    from servelab.roofline import MEMORY_TIERS
+
+    host, ssd = MEMORY_TIERS[2], MEMORY_TIERS[3]
+    net = comm.NETWORK_400G
+    return {
+        "host": PrefixTier("host memory (PCIe 5.0 x16)", host.bandwidth, 0.0, host.source),
+        # A shared pool in other servers' memory (Mooncake-style), one 400G port per GPU.
+        "network": PrefixTier("another server's memory (one 400G port)", net.bandwidth, net.latency_s,
+                              net.source),
+        "ssd": PrefixTier("local NVMe SSD (PCIe 5.0)", ssd.bandwidth, 0.0, ssd.source),
+    }
+
+
+#: The tiers :func:`prefix_tier_price` prices, by short name.
+PREFIX_TIERS: dict[str, PrefixTier] = _prefix_tiers()
+
+
+@dataclass(frozen=True)
+class TierPrice:
+    """A cached prefix that left HBM, priced two ways: the request's wait and the batch's chip time.
+
+    *Latency*: the first token waits for the question's own pass (``pass_s``)
+    plus whatever the prefix costs to bring back. Recomputing runs the whole
+    prompt (``recompute_ttft_s``). A reload from a tier takes ``reload_s[tier]``;
+    engines load layer by layer, so only the first layer's share and any
+    excess over the pass show (:meth:`reload_ttft_s`).
+
+    *Chip time*: recomputing spends the prefix's arithmetic (``recompute_chip_s``),
+    chip time the rest of the batch then does not get. A reload moves bytes over
+    a link; the chip only writes them into HBM (``hbm_write_s``).
+    """
+
+    model: str
+    chip: str
+    prefix_tokens: int
+    question_tokens: int
+    math_dtype: str
+    cache_dtype: str
+    num_layers: int
+    kv_bytes: float              # the prefix's K/V
+    pass_s: float                # the question's pass with the prefix in HBM
+    recompute_ttft_s: float      # the whole prompt's prefill
+    recompute_chip_s: float      # arithmetic the prefix costs (the chip's time)
+    attention_share: float       # of the prefix's operations, attention's part
+    hbm_write_s: float           # writing the reloaded bytes into HBM
+    reload_s: Mapping[str, float]
+    price_per_chip_hour: float | None
+
+    def reload_ttft_s(self, tier: str, pipelined: bool = True) -> float:
+        """First-token time when the prefix comes back from ``tier``.
+
+        Pipelined: layer ``l + 1``'s blocks travel while layer ``l`` computes, so
+        the first token waits for one layer's share of the load, plus any part
+        of the rest that the pass cannot hide. Not pipelined: load, then pass.
+        """
+        load = self.reload_s[tier]
+        if not pipelined:
+            return load + self.pass_s
+        first = load / self.num_layers
+        return self.pass_s + first + max(load - first - self.pass_s, 0.0)
+
+    @property
+    def recompute_usd_per_million(self) -> float | None:
+        """Chip rental the recomputed prefixes cost, per million requests (None: no price listed)."""
+        if self.price_per_chip_hour is None:
+            return None
+        return self.recompute_chip_s * self.price_per_chip_hour / 3600.0 * 1e6
+
+
+def prefix_tier_price(model: ModelConfig | str = "Llama-3.1-8B", chip: str = "H100 SXM",
+                      prefix_tokens: int = 1200, question_tokens: int = 24, math_dtype: str = "bf16",
+                      cache_dtype: str = "bf16", efficiency: float | None = None,
+                      bandwidth_efficiency: float | None = None) -> TierPrice:
+    """Reload a cold prefix from host memory, another server or an SSD, or recompute it.
+
+    Prefill runs at ``efficiency`` (default: the running example's compute
+    efficiency) of the chip's ``math_dtype`` peak, attention included
+    (:func:`servelab.arith.prefill_ops`: its part grows with the square of the
+    prefix), and never faster than one read of the weights at
+    ``bandwidth_efficiency``. Links run at their peak bandwidths, so reloads
+    are best cases. One chip; the price is its on-demand rate, when listed.
+    """
+    from servelab import kvcache
+    from servelab.specs import get_chip
+
+    _check_count("prefix_tokens", prefix_tokens)
+    _check_count("question_tokens", question_tokens)
+    cfg = get_model(model)
+    c = get_chip(chip)
+    eff = EXAMPLE_REPLICA.compute_efficiency if efficiency is None else efficiency
+    bw_eff = EXAMPLE_REPLICA.bandwidth_efficiency if bandwidth_efficiency is None else bandwidth_efficiency
+    for name, v in (("efficiency", eff), ("bandwidth_efficiency", bw_eff)):
+        if not 0 < v <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+    params = cfg.nominal_params
+    rate = c.peak_flops(math_dtype) * eff
+    weight_read = kvcache.weights_bytes(params, math_dtype) / (c.hbm_bandwidth * bw_eff)
+    total = prefix_tokens + question_tokens
+    ops_all = prefill_ops(params, total, cfg)
+    ops_question = prefill_ops(params, total, cfg, cached_tokens=prefix_tokens)
+    ops_prefix = prefill_ops(params, prefix_tokens, cfg)
+    kv_bytes = prefix_tokens * kvcache.kv_bytes_per_token(cfg, cache_dtype)
+    reload = {k: kv_bytes / t.bandwidth + t.latency_s for k, t in PREFIX_TIERS.items()}
+    return TierPrice(
+        model=cfg.name, chip=c.name, prefix_tokens=prefix_tokens, question_tokens=question_tokens,
+        math_dtype=math_dtype, cache_dtype=cache_dtype, num_layers=cfg.num_hidden_layers,
+        kv_bytes=kv_bytes, pass_s=max(ops_question / rate, weight_read),
+        recompute_ttft_s=max(ops_all / rate, weight_read),
+        recompute_chip_s=(ops_all - ops_question) / rate,
+        attention_share=1 - 2.0 * params * prefix_tokens / ops_prefix,
+        hbm_write_s=kv_bytes / c.hbm_bandwidth, reload_s=reload,
+        price_per_chip_hour=CHIP_HOURLY_USD.get(c.name))
