@@ -85,6 +85,11 @@ _NCCL_H100 = ("NVIDIA/nccl issue #1264, \"Only ~783GByte/s out of theoretical 90
               "Nvlink4\" (2024), its nvidia-smi output", "https://github.com/NVIDIA/nccl/issues/1264")
 _TRTLLM_B200 = ("NVIDIA/TensorRT-LLM issue #10278, \"b200x8 deepseek-ai/DeepSeek-V3.2-Exp max perf\" "
                 "(2025), its nvidia-smi output", "https://github.com/NVIDIA/TensorRT-LLM/issues/10278")
+_VLLM_APC = ("vLLM documentation, \"Automatic Prefix Caching\" (design notes)",
+             "https://docs.vllm.ai/en/latest/design/prefix_caching/")
+_GU_AUDIT = ("Chenchen Gu, Xiang Lisa Li, Rohith Kuditipudi, Percy Liang and Tatsunori Hashimoto, "
+             "\"Auditing Prompt Caching in Language Model APIs\", ICML 2025",
+             "https://arxiv.org/abs/2502.07776")
 _LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
                  "https://ai.meta.com/blog/meta-llama-3-1/")
 
@@ -202,6 +207,14 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("openai_cache_input_saving_max", 0.90, "fraction",
        "OpenAI: prompt caching can cut input token costs by up to this share", _OPENAI_CACHE_DOCS,
        "the discount on cached input depends on the model"),
+    # Prefix caching inside an engine, and what it leaks
+    _s("vllm_prefix_hash_bits", 256, "bits",
+       "vLLM names a cached block by a SHA-256 hash of its parent's hash, its tokens and extra keys, "
+       "and finds blocks by that hash alone", _VLLM_APC,
+       "SHA-256 is the default since v0.10.2; earlier versions used Python's built-in hash()"),
+    _s("prompt_cache_shared_providers", 7, "API providers",
+       "API providers whose prompt cache the audit found shared across users, so that a fast first "
+       "token can reveal another user's prompt", _GU_AUDIT),
     # Shrinking the cache, speculative decoding
     _s("deepseek_v2_kv_reduction", 0.933, "fraction",
        "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
