@@ -73,6 +73,7 @@ _OPENAI_CACHE_DOCS = ("OpenAI API documentation, \"Prompt caching\" (guide, with
                       "https://developers.openai.com/docs/guides/prompt-caching")
 _DSV2 = ("DeepSeek-AI, \"DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language "
          "Model\" (2024)", "https://arxiv.org/abs/2405.04434")
+_DSV3 = ("DeepSeek-AI, \"DeepSeek-V3 Technical Report\" (2024)", "https://arxiv.org/abs/2412.19437")
 _SPEC = ("Yaniv Leviathan, Matan Kalman and Yossi Matias, \"Fast Inference from Transformers via "
          "Speculative Decoding\", ICML 2023", "https://arxiv.org/abs/2211.17192")
 _H100_ARCH = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)",
@@ -218,6 +219,9 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     # Shrinking the cache, speculative decoding
     _s("deepseek_v2_kv_reduction", 0.933, "fraction",
        "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
+    # Mixture of experts
+    _s("deepseek_v3_max_nodes_per_token", 4, "nodes",
+       "nodes one token's routed experts may span in DeepSeek-V3 (node-limited routing, M = 4)", _DSV3),
     _s("speculative_speedup_low", 2, "x",
        "speculative decoding's speedup on T5-XXL without changing outputs (low end)", _SPEC),
     _s("speculative_speedup_high", 3, "x",
