@@ -153,3 +153,20 @@ def test_time_decode_steps_one_figure_per_context_and_checks_inputs():
             time_decode_steps(model, bad, rounds=1)
     with pytest.raises(ValueError):
         time_decode_steps(model, [4], rounds=0)
+
+
+def test_time_steps_with_and_without_cache_one_pair_per_context_and_checks_inputs():
+    from servelab.attention import time_steps_with_and_without_cache
+    from servelab.model import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    model = LlamaModel(config).init_weights(seed=0).eval()
+    uncached, cached = time_steps_with_and_without_cache(model, [2, 9, 16], rounds=2)
+    assert len(uncached) == len(cached) == 3
+    assert all(s >= 0 for s in uncached + cached)
+    for bad in ([], [1], [17], [2.5], [True]):
+        with pytest.raises(ValueError):
+            time_steps_with_and_without_cache(model, bad, rounds=1)
+    with pytest.raises(ValueError):
+        time_steps_with_and_without_cache(model, [4], rounds=0)

@@ -32,6 +32,7 @@ __all__ = [
     "naive_attention",
     "tiled_attention",
     "time_decode_steps",
+    "time_steps_with_and_without_cache",
 ]
 
 
@@ -327,3 +328,52 @@ def time_decode_steps(model, contexts, rounds: int = 60, seed: int = 0) -> list[
                 best[j] = min(best[j], time.process_time() - start)
                 cache.crop(n)  # forget the token this step added
     return best
+
+
+def time_steps_with_and_without_cache(model, contexts, rounds: int = 20,
+                                      seed: int = 0) -> tuple[list[float], list[float]]:
+    """CPU seconds to write the next token with ``n`` tokens in context, for each ``n``
+    in ``contexts``: once by recomputing all ``n`` tokens (no cache), once from a
+    KV cache holding the first ``n - 1`` (one new token fed).
+
+    Both ways read the same seeded random tokens. A round times both steps at every
+    context in turn, so slow drift on a busy machine hits every figure alike; each
+    figure keeps its fastest of ``rounds`` rounds (interference only adds time).
+    The cached step's new token is cropped from its cache after each step, so every
+    timed step of a context is the same step. The clock is this process's CPU time
+    (run with one thread). Returns ``(uncached, cached)``, one figure per context.
+    """
+    import time
+
+    contexts = list(contexts)
+    limit = model.config.max_position_embeddings
+    if not contexts:
+        raise ValueError("contexts is empty: pass the context lengths to time, e.g. [16, 128]")
+    for n in contexts:
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= limit:
+            raise ValueError(f"each context must be a whole number in [2, {limit}] (the cached "
+                             f"step needs at least one cached token and the model has {limit} "
+                             f"positions), got {n!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
+    device = model.embed_tokens.weight.device
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (1, max(contexts)), generator=g).to(device)
+    caches = []
+    with torch.no_grad():
+        for n in contexts:
+            cache = model.new_cache(max_len=n)
+            model(tokens[:, :n - 1], cache=cache)
+            caches.append(cache)
+        best_uncached = [math.inf] * len(contexts)
+        best_cached = [math.inf] * len(contexts)
+        for _ in range(rounds):
+            for j, (n, cache) in enumerate(zip(contexts, caches)):
+                start = time.process_time()
+                model(tokens[:, :n])
+                best_uncached[j] = min(best_uncached[j], time.process_time() - start)
+                start = time.process_time()
+                model(tokens[:, n - 1:n], cache=cache)
+                best_cached[j] = min(best_cached[j], time.process_time() - start)
+                cache.crop(n - 1)  # forget the token this step added
+    return best_uncached, best_cached
