@@ -27,6 +27,13 @@ each request's events straight onto that request's queue.
 
 ``python -m servelab.server.core --fd N --options JSON`` is the core's entry
 point; :class:`EngineCoreClient` starts it and speaks to it.
+
+If the core dies (killed, out of memory, a crash), the API side sees its socket
+close: every request in it fails (500 ``engine_error``), the loss is logged at
+CRITICAL level with the core's exit code or signal, the dead child is reaped (no
+zombie), and ``on_lost`` tells the app, whose server then exits with code 1
+(:mod:`servelab.server.runner`): a supervisor restarts the pair, rather than
+the server answering 503 forever.
 """
 from __future__ import annotations
 
