@@ -3,8 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.kvquant import (FORMATS, QuantizedKVCache, dequantize_kv, logit_agreement,
-                              quantize_kv, roundtrip_error)
+from servelab.kvquant import (FORMATS, QuantizedKVCache, calibrate_kv_scales, dequantize_kv,
+                              logit_agreement, quantize_kv, roundtrip_error)
 from servelab.model import LlamaConfig, LlamaModel
 
 
@@ -139,3 +139,80 @@ def test_logit_agreement():
         logit_agreement(a, a[:1])
     with pytest.raises(ValueError, match="empty"):
         logit_agreement(torch.zeros(0, 3), torch.zeros(0, 3))
+
+
+def test_fp8_barely_notices_a_coarse_scale_int8_does():
+    # fp8's relative error comes from its 3 mantissa bits wherever a number sits in its
+    # range; int8's comes from one even step, so a loud token widens every other's step.
+    x = _kv()
+    x[:, :, ::4] *= 20
+    fp8 = [roundtrip_error(x, "fp8", g)["rel_rms"] for g in ("token", "tensor")]
+    int8 = [roundtrip_error(x, "int8", g)["rel_rms"] for g in ("token", "tensor")]
+    assert fp8[1] < 1.5 * fp8[0]        # a fifth worse
+    assert int8[1] > 3 * int8[0]        # three times worse
+
+
+def _calibrated(model, ids, fmt="fp8", granularity="tensor"):
+    cal = model.new_cache(ids.shape[0], ids.shape[1])
+    with torch.no_grad():
+        model(ids, cache=cal)
+    return cal, calibrate_kv_scales(cal, fmt, granularity)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head"])
+def test_calibrate_kv_scales_shapes_and_values(granularity):
+    model = _tiny_model()
+    cfg = model.config
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
+    cal, (ks, vs) = _calibrated(model, ids, "int8", granularity)
+    heads = cfg.num_key_value_heads if granularity == "head" else 1
+    assert ks.shape == vs.shape == (cfg.num_hidden_layers, 1, heads, 1, 1)
+    layer0 = cal.k[0, :, :, :cal.length]
+    want = layer0.abs().amax() if granularity == "tensor" else layer0.abs().amax(dim=(0, 2, 3))
+    assert torch.allclose(ks[0].flatten(), want.flatten() / 127)
+
+
+def test_static_scales_cache_matches_per_tensor_quantization_and_counts_saturation():
+    model = _tiny_model()
+    cfg = model.config
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
+    cal, scales = _calibrated(model, ids, "fp8")
+    cache = QuantizedKVCache(cfg, max_len=16, fmt="fp8", granularity="tensor", scales=scales)
+    with torch.no_grad():
+        model(ids, cache=cache)
+    # layer 0 sees the same inputs in both runs: its codes are the per-tensor round trip
+    want = dequantize_kv(quantize_kv(cal.k[0, :, :, :16], "fp8", "tensor"))
+    assert torch.equal(cache.k[0].float() * cache.k_scale[0], want)
+    scales_bytes = 2 * cfg.num_hidden_layers * 4
+    assert cache.nbytes == 2 * cache.k.numel() + scales_bytes
+    # scales a quarter too small: the loudest numbers saturate, and are counted
+    tight = tuple(t / 4 for t in scales)
+    small = QuantizedKVCache(cfg, max_len=16, fmt="int8", granularity="tensor", scales=tight)
+    with torch.no_grad():
+        model(ids, cache=small)
+    assert small.saturated > 0 and small.k.abs().max().item() == 127
+    assert cache.saturated == 0 or cache.saturated < small.saturated
+
+
+def test_static_scales_bad_inputs_raise():
+    model = _tiny_model()
+    cfg = model.config
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(4))
+    cal, scales = _calibrated(model, ids)
+    with pytest.raises(ValueError, match="needs static scales"):
+        QuantizedKVCache(cfg, max_len=8, fmt="fp8", granularity="tensor")
+    with pytest.raises(ValueError, match="only with granularity"):
+        QuantizedKVCache(cfg, max_len=8, fmt="fp8", scales=scales)
+    with pytest.raises(ValueError, match="shape"):
+        QuantizedKVCache(cfg, max_len=8, fmt="fp8", granularity="head", scales=scales)
+    with pytest.raises(ValueError, match="positive"):
+        QuantizedKVCache(cfg, max_len=8, fmt="fp8", granularity="tensor",
+                         scales=(scales[0] * 0, scales[1]))
+    with pytest.raises(TypeError, match="pair of tensors"):
+        QuantizedKVCache(cfg, max_len=8, fmt="fp8", granularity="tensor", scales=scales[0])
+    with pytest.raises(ValueError, match="calibrate 'tensor' or 'head'"):
+        calibrate_kv_scales(cal, "fp8", "token")
+    with pytest.raises(ValueError, match="empty"):
+        calibrate_kv_scales(model.new_cache(1, 8))
+    with pytest.raises(TypeError, match="full-precision"):
+        calibrate_kv_scales(QuantizedKVCache(cfg, max_len=8))

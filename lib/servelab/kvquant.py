@@ -10,9 +10,15 @@ attention weights and logits. This module makes both sides concrete:
   one scale per token and head (``"token"``), per head (``"head"``) or for the
   whole tensor (``"tensor"``). A scale is ``max |x| / largest code``.
 * :class:`QuantizedKVCache`: a drop-in cache for :class:`servelab.model.LlamaModel`
-  that stores int8/int4/fp8 codes plus per-token scales and hands attention the
-  dequantized values. Per-token scales suit a cache: each new token gets its own
-  scale when it is written and nothing stored is ever re-quantized.
+  that stores int8/int4/fp8 codes plus their scales and hands attention the
+  dequantized values. Per-token scales (the default) suit a cache: each new
+  token gets its own scale when it is written and nothing stored is ever
+  re-quantized. Static scales, one per layer (``"tensor"``) or per layer and KV
+  head (``"head"``), are what production fp8 caches load (vLLM's per-tensor
+  ``k_scale``/``v_scale``, its default, or per-head scales); fit them on a
+  calibration run with :func:`calibrate_kv_scales`. A number beyond a static
+  scale's range saturates at the largest code, as the kernels do, and the cache
+  counts it (:attr:`QuantizedKVCache.saturated`).
 * :func:`logit_agreement`: how far two runs' logits are apart (max absolute
   difference, mean KL divergence, greedy-token agreement).
 
@@ -28,7 +34,7 @@ import torch
 from servelab.model import KVCache
 
 __all__ = ["FORMATS", "GRANULARITIES", "QuantizedKV", "quantize_kv", "dequantize_kv",
-           "roundtrip_error", "QuantizedKVCache", "logit_agreement"]
+           "roundtrip_error", "calibrate_kv_scales", "QuantizedKVCache", "logit_agreement"]
 
 #: Largest code of each storage format and the bytes one code takes.
 #: int8: codes -127..127; int4: -7..7; fp8 e4m3 (OCP 8-bit floating point spec,
@@ -97,13 +103,15 @@ def quantize_kv(x: torch.Tensor, fmt: str = "int8", granularity: str = "token") 
     _check_format(fmt, granularity)
     _check_tensor(x, granularity)
     scale = _scale(x, granularity, fmt)
-    y = x.float() / scale
+    return QuantizedKV(codes=_encode(x.float() / scale, fmt), scale=scale, fmt=fmt, granularity=granularity)
+
+
+def _encode(y: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Numbers already divided by their scale -> codes, saturating at the largest code."""
+    qmax = FORMATS[fmt][0]
     if fmt == "fp8":
-        codes = y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    else:
-        qmax = FORMATS[fmt][0]
-        codes = torch.round(y).clamp(-qmax, qmax).to(torch.int8)
-    return QuantizedKV(codes=codes, scale=scale, fmt=fmt, granularity=granularity)
+        return y.clamp(-qmax, qmax).to(torch.float8_e4m3fn)
+    return torch.round(y).clamp(-qmax, qmax).to(torch.int8)
 
 
 def dequantize_kv(q: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -122,17 +130,52 @@ def roundtrip_error(x: torch.Tensor, fmt: str = "int8", granularity: str = "toke
             "rel_rms": (err.pow(2).mean().sqrt().item() / rms) if rms > 0 else 0.0}
 
 
+def calibrate_kv_scales(cache: KVCache, fmt: str = "fp8",
+                        granularity: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """Static scales for a :class:`QuantizedKVCache`, fitted on a calibration run.
+
+    ``cache`` is a full-precision :class:`servelab.model.KVCache` that a model
+    filled with calibration text. Each scale is ``max |x| / largest code`` over
+    that text: one per layer for keys and one for values (``"tensor"``, what
+    vLLM loads as ``k_scale``/``v_scale`` by default) or one per layer and KV
+    head (``"head"``). Returns ``(k_scale, v_scale)``, each shaped
+    ``[layers, 1, kv_heads or 1, 1, 1]``. Text louder than the calibration text
+    saturates later, at the largest code.
+    """
+    _check_format(fmt, granularity)
+    if granularity == "token":
+        raise ValueError("per-token scales are computed as each token is written; "
+                         "calibrate 'tensor' or 'head' scales instead")
+    if not isinstance(cache, KVCache) or isinstance(cache, QuantizedKVCache):
+        raise TypeError(f"expected a full-precision servelab.model.KVCache, got {type(cache).__name__}")
+    if cache.length == 0:
+        raise ValueError("the calibration cache is empty; run the model over calibration text first")
+    dims = (1, 2, 3, 4) if granularity == "tensor" else (1, 3, 4)
+    scales = []
+    for store in (cache.k, cache.v):
+        amax = store[:, :, :, :cache.length].detach().abs().float().amax(dim=dims, keepdim=True)
+        scale = amax / FORMATS[fmt][0]
+        scales.append(torch.where(scale > 0, scale, torch.ones_like(scale)))
+    return scales[0], scales[1]
+
+
 class QuantizedKVCache(KVCache):
-    """A contiguous KV cache whose entries are stored as int8/int4/fp8 codes with per-token scales.
+    """A contiguous KV cache whose entries are stored as int8/int4/fp8 codes with their scales.
 
     A :class:`servelab.model.KVCache` with quantized storage (it inherits
     ``advance(n)`` and ``crop(n)``; ``update(layer_idx, k, v)`` differs):
     new keys and values are quantized as they are written, and attention gets
     the dequantized history, exactly what a quantized-KV kernel computes.
+
+    ``granularity="token"`` (the default) gives each token and KV head its own
+    scale as it is written. ``"tensor"`` or ``"head"`` use static scales
+    ``(k_scale, v_scale)`` from :func:`calibrate_kv_scales`; numbers beyond
+    their range saturate at the largest code and are counted in :attr:`saturated`.
     """
 
-    def __init__(self, config, batch_size: int = 1, max_len: int | None = None, fmt: str = "int8"):
-        _check_format(fmt, "token")
+    def __init__(self, config, batch_size: int = 1, max_len: int | None = None, fmt: str = "int8",
+                 granularity: str = "token", scales: tuple[torch.Tensor, torch.Tensor] | None = None):
+        _check_format(fmt, granularity)
         max_len = config.max_position_embeddings if max_len is None else max_len
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
             raise ValueError(f"max_len must be a positive number of tokens, got {max_len!r}")
@@ -141,24 +184,61 @@ class QuantizedKVCache(KVCache):
         shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
         code_dtype = torch.float8_e4m3fn if fmt == "fp8" else torch.int8
         self.fmt = fmt
+        self.granularity = granularity
         self.k = torch.zeros(shape, dtype=code_dtype)
         self.v = torch.zeros(shape, dtype=code_dtype)
-        self.k_scale = torch.ones(shape[:-1] + (1,))
-        self.v_scale = torch.ones(shape[:-1] + (1,))
+        if granularity == "token":
+            if scales is not None:
+                raise ValueError("per-token scales are computed as tokens are written; pass scales only "
+                                 "with granularity='tensor' or 'head'")
+            self.k_scale = torch.ones(shape[:-1] + (1,))
+            self.v_scale = torch.ones(shape[:-1] + (1,))
+        else:
+            self.k_scale, self.v_scale = self._check_scales(scales, config, granularity)
+        #: Numbers that fell beyond a static scale's range and were stored as the largest code.
+        self.saturated = 0
         self.max_len = max_len
         self.length = 0
+
+    @staticmethod
+    def _check_scales(scales, config, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = config.num_key_value_heads if granularity == "head" else 1
+        want = (config.num_hidden_layers, 1, heads, 1, 1)
+        if scales is None:
+            raise ValueError(f"granularity {granularity!r} needs static scales (k_scale, v_scale); "
+                             "fit them with kvquant.calibrate_kv_scales on a calibration run")
+        if not isinstance(scales, (tuple, list)) or len(scales) != 2 or \
+                not all(isinstance(t, torch.Tensor) for t in scales):
+            raise TypeError("scales must be a pair of tensors (k_scale, v_scale) from calibrate_kv_scales")
+        out = []
+        for t in scales:
+            if tuple(t.shape) != want:
+                raise ValueError(f"{granularity} scales must have shape {want} for this config, "
+                                 f"got {tuple(t.shape)}")
+            if not (torch.isfinite(t).all() and (t > 0).all()):
+                raise ValueError("scales must be positive and finite")
+            out.append(t.detach().float().clone())
+        return out[0], out[1]
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} tokens would exceed max_len={self.max_len}")
         for store, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
-            q = quantize_kv(x, self.fmt, "token")
-            store[layer_idx, :, :, self.length:end] = q.codes
-            scales[layer_idx, :, :, self.length:end] = q.scale
-        k_all = self.k[layer_idx, :, :, :end].float() * self.k_scale[layer_idx, :, :, :end]
-        v_all = self.v[layer_idx, :, :, :end].float() * self.v_scale[layer_idx, :, :, :end]
+            if self.granularity == "token":
+                q = quantize_kv(x, self.fmt, "token")
+                store[layer_idx, :, :, self.length:end] = q.codes
+                scales[layer_idx, :, :, self.length:end] = q.scale
+            else:
+                y = x.float() / scales[layer_idx]
+                self.saturated += int((y.abs() > FORMATS[self.fmt][0]).sum())
+                store[layer_idx, :, :, self.length:end] = _encode(y, self.fmt)
+        k_all = self.k[layer_idx, :, :, :end].float() * self._layer_scale(self.k_scale, layer_idx, end)
+        v_all = self.v[layer_idx, :, :, :end].float() * self._layer_scale(self.v_scale, layer_idx, end)
         return k_all.to(k.dtype), v_all.to(v.dtype)
+
+    def _layer_scale(self, scales: torch.Tensor, layer_idx: int, end: int) -> torch.Tensor:
+        return scales[layer_idx, :, :, :end] if self.granularity == "token" else scales[layer_idx]
 
     @property
     def nbytes(self) -> float:
