@@ -91,6 +91,8 @@ _VLLM_APC = ("vLLM documentation, \"Automatic Prefix Caching\" (design notes)",
 _GU_AUDIT = ("Chenchen Gu, Xiang Lisa Li, Rohith Kuditipudi, Percy Liang and Tatsunori Hashimoto, "
              "\"Auditing Prompt Caching in Language Model APIs\", ICML 2025",
              "https://arxiv.org/abs/2502.07776")
+_SGLANG = ("Lianmin Zheng et al., \"SGLang: Efficient Execution of Structured Language Model Programs\", "
+           "NeurIPS 2024", "https://arxiv.org/abs/2312.07104")
 _LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
                  "https://ai.meta.com/blog/meta-llama-3-1/")
 
@@ -216,6 +218,9 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("prompt_cache_shared_providers", 7, "API providers",
        "API providers whose prompt cache the audit found shared across users, so that a fast first "
        "token can reveal another user's prompt", _GU_AUDIT),
+    _s("sglang_throughput_max", 6.4, "x",
+       "SGLang's highest throughput gain over the inference systems it compared against, with "
+       "RadixAttention (a radix tree of cached prefixes, LRU eviction) among its techniques", _SGLANG),
     # Shrinking the cache, speculative decoding
     _s("deepseek_v2_kv_reduction", 0.933, "fraction",
        "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
