@@ -46,14 +46,9 @@ MAX_KEY_BULLET_WORDS = 30
 # Chapters 0-8 may never appear here (a test holds that); parts II and III empty it.
 # Keys: "median", "long", "glue", "plumbing", "words", "key_numbers".
 ALLOWLIST: dict[str, set[str]] = {
-    "ch09_batching": {"glue", "key_numbers", "long", "median", "plumbing"},
-    "ch10_kv_cache": {"key_numbers", "long", "median", "plumbing"},
-    "ch11_seats": {"long", "plumbing"},
     "ch12_shrinking": {"glue", "long", "median", "plumbing"},
-    "ch13_pages_prefixes": {"glue", "key_numbers", "long", "median", "plumbing"},
     "ch14_splitting": {"key_numbers", "long", "median", "plumbing"},
     "ch15_talking": {"long", "plumbing"},
-    "ch16_moe": {"long"},
     "ch17_continuous_batching": {"glue", "key_numbers", "long", "median", "plumbing", "words"},
     "ch18_prefill_decode": {"glue", "long", "median", "plumbing", "words"},
     "ch19_quantization": {"glue", "key_numbers", "long", "median", "plumbing", "words"},
