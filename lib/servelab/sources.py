@@ -95,6 +95,8 @@ _SGLANG = ("Lianmin Zheng et al., \"SGLang: Efficient Execution of Structured La
            "NeurIPS 2024", "https://arxiv.org/abs/2312.07104")
 _LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
                  "https://ai.meta.com/blog/meta-llama-3-1/")
+_GEMMA2 = ("Gemma Team, Google DeepMind, \"Gemma 2: Improving Open Language Models at a Practical Size\" "
+           "(2024), section 2 (architecture)", "https://arxiv.org/abs/2408.00118")
 
 
 def _s(key, value, unit, what, work, note=""):
@@ -224,6 +226,9 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     # Shrinking the cache, speculative decoding
     _s("deepseek_v2_kv_reduction", 0.933, "fraction",
        "KV-cache reduction of DeepSeek-V2 (MLA) against DeepSeek 67B", _DSV2),
+    _s("gemma2_sliding_window", 4096, "tokens",
+       "sliding window of Gemma 2's local attention layers, which alternate with global-attention layers",
+       _GEMMA2),
     # Mixture of experts
     _s("deepseek_v3_max_nodes_per_token", 4, "nodes",
        "nodes one token's routed experts may span in DeepSeek-V3 (node-limited routing, M = 4)", _DSV3),
