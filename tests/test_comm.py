@@ -127,3 +127,19 @@ def test_links_agree_with_sources_and_chip_specs():
     assert nvl.bandwidth == specs.get_chip("B200").interconnect_bandwidth == sources.value("nvlink5_bandwidth")
     assert nvl.aggregate_bandwidth == sources.value("nvl72_nvlink_bandwidth")
     assert nvl.chips == sources.value("nvl72_gpus")
+
+
+def test_one_way_halves_a_bidirectional_headline_only():
+    nv = comm.get_link("NVLink H100")
+    assert nv.bidirectional
+    half = comm.one_way(nv)
+    assert half.bandwidth == nv.bandwidth / 2 and half.latency_s == nv.latency_s
+    assert not half.bidirectional and comm.one_way(half) is half
+    net = comm.get_link("400G network")
+    assert comm.one_way(net) is net                     # a port's rate is already per direction
+    nvl = comm.one_way("GB200 NVL72")
+    assert nvl.aggregate_bandwidth == comm.get_link("GB200 NVL72").aggregate_bandwidth / 2
+    # the simple rule on one direction's bandwidth: the bytes take twice as long
+    msg = 3_145_728
+    assert comm.allreduce_seconds(msg, half, 8, latency_s=0) == pytest.approx(
+        2 * comm.allreduce_seconds(msg, nv, 8, latency_s=0))

@@ -88,6 +88,12 @@ def test_course_checkpoint_read_in_slices_and_generate():
     # each rank's cache held 1 of the 4 K/V heads; decode made 2 all-reduces per layer per token
     assert results[1][1]["kv_heads"] == 1
     assert results[1][1]["traffic"]["all_reduces"] == 2 * model.config.num_hidden_layers * 6
+    # the time inside each kind of collective is recorded, and fits inside the job's wall time
+    for rank in range(4):
+        t = results[rank][1]["traffic"]
+        assert t["broadcasts"] == 6 and t["gathers"] == 6
+        inside = t["all_reduce_seconds"] + t["gather_seconds"] + t["broadcast_seconds"]
+        assert 0 < inside <= results[rank][1]["seconds"]
 
 
 @pytest.mark.parametrize("cfg,world,match", [

@@ -33,7 +33,7 @@ from servelab import sources
 from servelab.specs import GB, TB, ModelConfig, get_model
 
 __all__ = [
-    "Link", "LINKS", "get_link", "US", "allreduce_message_bytes", "allreduces_per_step",
+    "Link", "LINKS", "get_link", "one_way", "US", "allreduce_message_bytes", "allreduces_per_step",
     "exchange_seconds", "allreduce_seconds", "all_to_all_seconds", "CommBill",
     "tensor_parallel_bill", "bubble_fraction", "pipeline_span", "weight_bytes_per_chip",
     "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS", "ALL_TO_ALL_ALGORITHMS", "fit_alpha_beta",
@@ -71,7 +71,8 @@ class Link:
 
     NVIDIA's NVLink figures count both directions (900 GB/s per H100 is about
     450 GB/s each way); the running example's figures, and this registry, charge
-    bytes against the headline figure. Halve it for a one-way estimate.
+    bytes against the headline figure. Halve it for a one-way estimate:
+    ``bidirectional`` marks such figures, and :func:`one_way` does the halving.
     """
 
     name: str
@@ -80,6 +81,7 @@ class Link:
     chips: int = 0
     aggregate_bandwidth: float | None = None
     source: str = ""
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -107,16 +109,17 @@ def _cited(key: str) -> str:
 # appendix and these links cannot drift apart.
 NVLINK_H100 = _register(Link(
     name="NVLink H100", bandwidth=sources.value("nvlink4_bandwidth"), latency_s=NVLINK_LATENCY_S, chips=8,
+    bidirectional=True,
     source=_cited("nvlink4_bandwidth")))
 
 HGX_H100_8 = _register(Link(
-    name="HGX H100 8-GPU", bandwidth=sources.value("nvlink4_bandwidth"), latency_s=NVLINK_LATENCY_S,
+    name="HGX H100 8-GPU", bandwidth=sources.value("nvlink4_bandwidth"), latency_s=NVLINK_LATENCY_S, bidirectional=True,
     chips=8, aggregate_bandwidth=7.2 * TB,
     source="NVIDIA HGX H100 8-GPU: eight H100 SXM on four NVSwitches, 900 GB/s per GPU, "
            "7.2 TB/s total: https://www.nvidia.com/en-us/data-center/hgx/"))
 
 GB200_NVL72 = _register(Link(
-    name="GB200 NVL72", bandwidth=sources.value("nvlink5_bandwidth"), latency_s=NVLINK_LATENCY_S,
+    name="GB200 NVL72", bandwidth=sources.value("nvlink5_bandwidth"), latency_s=NVLINK_LATENCY_S, bidirectional=True,
     chips=int(sources.value("nvl72_gpus")), aggregate_bandwidth=sources.value("nvl72_nvlink_bandwidth"),
     source=_cited("nvl72_nvlink_bandwidth") + "; per GPU: " + _cited("nvlink5_bandwidth")))
 
@@ -124,6 +127,23 @@ NETWORK_400G = _register(Link(
     name="400G network", bandwidth=50 * GB, latency_s=NETWORK_LATENCY_S, chips=0,
     source="NVIDIA ConnectX-7 / Quantum-2 InfiniBand NDR: 400 Gb/s per port = 50 GB/s "
            "(bits / 8): https://www.nvidia.com/en-us/networking/infiniband/quantum-2/"))
+
+
+def one_way(link: Link | str) -> Link:
+    """The link at the bandwidth one direction gets: half a ``bidirectional`` headline.
+
+    NVIDIA quotes NVLink in both directions at once (900 GB/s per H100 is 450 GB/s
+    each way). A collective's bytes leave on one direction and arrive on the
+    other, so its time is bytes over the one-way figure. A network port's rate
+    (400 Gb/s) is already per direction: such a link comes back unchanged.
+    """
+    from dataclasses import replace as _replace
+    link = get_link(link)
+    if not link.bidirectional:
+        return link
+    return _replace(link, name=f"{link.name}, one way", bandwidth=link.bandwidth / 2,
+                    aggregate_bandwidth=None if link.aggregate_bandwidth is None else link.aggregate_bandwidth / 2,
+                    bidirectional=False)
 
 
 def get_link(name: str | Link) -> Link:

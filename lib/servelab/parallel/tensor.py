@@ -189,7 +189,13 @@ class RowParallelLinear(nn.Module):
     Each rank multiplies its slice of the input (its heads, or its slice of the
     MLP width) by its columns of the weight, giving a partial sum of the full
     output; one ``all_reduce`` adds the partial sums on every rank. The bias is
-    added once, after the sum. ``calls`` and ``bytes`` count the traffic.
+    added once, after the sum. ``calls`` and ``bytes`` count the traffic;
+    ``seconds`` is the wall time spent inside ``all_reduce`` (the transfer plus
+    any wait for a slower peer).
+
+    The weight is stored as ``nn.Linear`` stores it, ``[out, in]``: the slice
+    each rank holds is a set of *columns* of that matrix, which are *rows* of
+    the ``W`` in ``y = x @ W`` (Megatron-LM's "row-parallel" layer).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, group=None):
@@ -199,11 +205,14 @@ class RowParallelLinear(nn.Module):
         self.group = group
         self.calls = 0
         self.bytes = 0
+        self.seconds = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if dist.is_available() and dist.is_initialized():
+            t0 = time.perf_counter()
             dist.all_reduce(y, group=self.group)
+            self.seconds += time.perf_counter() - t0
             self.calls += 1
             self.bytes += y.numel() * y.element_size()
         return y if self.bias is None else y + self.bias
@@ -220,6 +229,7 @@ class VocabParallelHead(nn.Module):
         self.group = group
         self.calls = 0
         self.bytes = 0
+        self.seconds = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight)
@@ -228,7 +238,9 @@ class VocabParallelHead(nn.Module):
         width = max(b - a for a, b in self.bounds)
         padded = F.pad(local, (0, width - local.shape[-1]))
         parts = [torch.empty_like(padded) for _ in self.bounds]
+        t0 = time.perf_counter()
         dist.all_gather(parts, padded.contiguous(), group=self.group)
+        self.seconds += time.perf_counter() - t0
         self.calls += 1
         self.bytes += padded.numel() * padded.element_size() * (len(self.bounds) - 1)
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(parts, self.bounds)], dim=-1)
@@ -250,20 +262,30 @@ def build_shard(config: LlamaConfig, shard_state: dict[str, torch.Tensor], rank:
     return model.eval()
 
 
-def comm_counters(model: LlamaModel) -> dict[str, int]:
-    """All-reduces and gathers this rank has made so far, and their bytes."""
+def comm_counters(model: LlamaModel) -> dict[str, float]:
+    """All-reduces and gathers this rank has made so far, their bytes, and the seconds spent in them.
+
+    ``all_reduce_seconds`` and ``gather_seconds`` are wall time inside the
+    collective calls: the transfer itself plus any wait for a slower peer.
+    """
     reduces = [m for m in model.modules() if isinstance(m, RowParallelLinear)]
     heads = [m for m in model.modules() if isinstance(m, VocabParallelHead)]
     return {"all_reduces": sum(m.calls for m in reduces), "all_reduce_bytes": sum(m.bytes for m in reduces),
-            "gathers": sum(m.calls for m in heads), "gather_bytes": sum(m.bytes for m in heads)}
+            "gathers": sum(m.calls for m in heads), "gather_bytes": sum(m.bytes for m in heads),
+            "all_reduce_seconds": sum(m.seconds for m in reduces),
+            "gather_seconds": sum(m.seconds for m in heads)}
 
 
 # ---------------------------------------------------------------------------
 # running it
 # ---------------------------------------------------------------------------
 
-def _greedy(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int, eos: int | None) -> list[int]:
-    """Greedy decoding with a KV cache; rank 0's choice is broadcast so every rank agrees."""
+def _greedy(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int, eos: int | None,
+            clock: dict | None = None) -> list[int]:
+    """Greedy decoding with a KV cache; rank 0's choice is broadcast so every rank agrees.
+
+    ``clock["broadcasts"]`` and ``clock["broadcast_seconds"]`` count the broadcasts, when given.
+    """
     cache = model.new_cache(batch_size=1, max_len=ids.shape[-1] + max_new_tokens)
     out: list[int] = []
     step_ids = ids.view(1, -1)
@@ -271,7 +293,11 @@ def _greedy(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int, eos: int 
         logits = model(step_ids, cache=cache)
         nxt = logits[0, -1].argmax().view(1)
         if dist.is_initialized():
+            t0 = time.perf_counter()
             dist.broadcast(nxt, src=0)
+            if clock is not None:
+                clock["broadcasts"] = clock.get("broadcasts", 0) + 1
+                clock["broadcast_seconds"] = clock.get("broadcast_seconds", 0.0) + time.perf_counter() - t0
         out.append(int(nxt))
         if eos is not None and out[-1] == eos:
             break
@@ -292,17 +318,19 @@ def _worker(rank: int, world_size: int, source: dict, jobs: list[dict]) -> list[
     with torch.no_grad():
         for job in jobs:
             before = comm_counters(model)
+            clock: dict = {"broadcasts": 0, "broadcast_seconds": 0.0}
             dist.barrier()
             t0 = time.perf_counter()
             if job["kind"] == "logits":
                 value = model(job["input_ids"])
             elif job["kind"] == "generate":
-                value = _greedy(model, job["input_ids"], job["max_new_tokens"], job.get("eos"))
+                value = _greedy(model, job["input_ids"], job["max_new_tokens"], job.get("eos"), clock)
             else:
                 raise ValueError(f"unknown job kind {job['kind']!r}")
             seconds = time.perf_counter() - t0
             after = comm_counters(model)
             traffic = {k: after[k] - before[k] for k in after}
+            traffic.update(clock)
             results.append({"value": value if rank == 0 else None, "traffic": traffic, "seconds": seconds,
                             "weight_bytes": held,
                             "kv_heads": model.config.num_key_value_heads,
@@ -328,8 +356,8 @@ def run_tensor_parallel(model_or_path, jobs: list[dict], world_size: int,
     temporary folder, one file per rank) or a checkpoint folder (each rank reads
     its own slices). A job is ``{"kind": "logits", "input_ids": ...}`` or
     ``{"kind": "generate", "input_ids": ..., "max_new_tokens": n}``. Each result
-    holds the job's ``value`` (rank 0 only), its ``traffic`` (all-reduces, gathers
-    and their bytes), ``seconds`` (wall time from a barrier to the job's end) and
+    holds the job's ``value`` (rank 0 only), its ``traffic`` (all-reduces, gathers,
+    broadcasts, their bytes and the seconds spent inside each kind), ``seconds`` (wall time from a barrier to the job's end) and
     what the rank holds (``weight_bytes``, ``heads``, ``kv_heads``).
     """
     import tempfile
