@@ -232,6 +232,13 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     # Mixture of experts
     _s("deepseek_v3_max_nodes_per_token", 4, "nodes",
        "nodes one token's routed experts may span in DeepSeek-V3 (node-limited routing, M = 4)", _DSV3),
+    _s("deepseek_v3_attention_tp", 4, "GPUs",
+       "tensor-parallel degree of DeepSeek-V3's attention when served (TP4, with sequence parallelism), "
+       "prefill and decode alike", _DSV3),
+    _s("deepseek_v3_prefill_gpus", 32, "GPUs",
+       "GPUs in DeepSeek-V3's smallest prefill deployment (4 nodes): attention TP4 x DP8, MoE EP32", _DSV3),
+    _s("deepseek_v3_decode_gpus", 320, "GPUs",
+       "GPUs in DeepSeek-V3's smallest decode deployment (40 nodes): attention TP4 x DP80, MoE EP320", _DSV3),
     _s("speculative_speedup_low", 2, "x",
        "speculative decoding's speedup on T5-XXL without changing outputs (low end)", _SPEC),
     _s("speculative_speedup_high", 3, "x",
