@@ -95,6 +95,8 @@ _SGLANG = ("Lianmin Zheng et al., \"SGLang: Efficient Execution of Structured La
            "NeurIPS 2024", "https://arxiv.org/abs/2312.07104")
 _LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
                  "https://ai.meta.com/blog/meta-llama-3-1/")
+_VLLM_CACHE_CONFIG = ("vLLM documentation, \"vllm.config.cache\" (CacheConfig.gpu_memory_utilization), "
+                      "vLLM 0.32", "https://docs.vllm.ai/en/stable/api/vllm/config/cache/")
 _GEMMA2 = ("Gemma Team, Google DeepMind, \"Gemma 2: Improving Open Language Models at a Practical Size\" "
            "(2024), section 2 (architecture)", "https://arxiv.org/abs/2408.00118")
 
@@ -118,6 +120,10 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "KV-cache memory wasted by reservation-based systems (high end)", _PAGED),
     _s("paged_kv_waste", 0.04, "fraction",
        "KV-cache memory wasted under PagedAttention (an upper bound: 'under 4%')", _PAGED),
+    _s("vllm_gpu_memory_utilization", 0.92, "fraction",
+       "share of a GPU's memory vLLM uses by default for weights, activations and KV cache "
+       "(gpu_memory_utilization; it holds back the rest)", _VLLM_CACHE_CONFIG,
+       "earlier releases defaulted to 0.9"),
     # Chips and links
     _s("b200_dense_fp8_flops", 4.5e15, "FLOP/s",
        "B200 dense fp8 rate per GPU (the HGX B200 column lists 9 PFLOPS fp8 per GPU with "
