@@ -24,6 +24,8 @@ def plot_memory_ledger(readout: KVReadout, ax=None):
     ax.set_xlabel(f"GB on {readout.num_chips} card{'s' * (readout.num_chips > 1)}")
     ax.set_title(f"{readout.tier}: {readout.seats_granted} of {readout.requested} seats granted "
                  f"at {readout.seq_len:,} tokens ({readout.cache_dtype} cache)", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.75), ncol=4, fontsize=8, frameon=False)
-    ax.figure.tight_layout()
+    # The legend sits in its own strip under the axis label, so the two never overlap.
+    fig = ax.figure
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return ax
