@@ -24,9 +24,16 @@ def solution_functions(exercise: str) -> dict:
     return SolutionMutants(exercise).functions()
 
 
+def lost(result) -> bool:
+    """A mutant loses its points: wrong math scores 0; right math with a missing input
+    check loses the checks' share (servelab.grading.INPUT_SHARE)."""
+    return not result.passed and result.points < result.max_points and (
+        result.points == 0 or result.checks_passed is False)
+
+
 def assert_loses(exercise: str, qid: str, mutant, why: str) -> None:
     result = grade_question(question(exercise, qid), mutant)
-    assert result.points == 0, f"{exercise}.{qid}: the mutant '{why}' kept its points ({result.reason})"
+    assert lost(result), f"{exercise}.{qid}: the mutant '{why}' kept its points ({result.reason})"
 
 
 def assert_keeps(exercise: str, qid: str, func) -> None:
@@ -83,7 +90,7 @@ def mutant_tests(exercise: str, mutants: list[tuple]):
                              ids=[f"{x[0]}-{x[1]}" for x in mutants])
     def test_each_classic_mistake_loses_its_question(qid, mistake, old, new, reason):
         result = m.grade(qid, m.functions(old, new))
-        assert not result.passed and result.points == 0, f"{qid} {mistake}: the hidden tests let it through"
+        assert lost(result), f"{qid} {mistake}: the hidden tests let it through"
         if reason:
             assert reason in result.reason, result.reason
 

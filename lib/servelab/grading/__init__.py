@@ -42,8 +42,15 @@ class Case:
     abs: float = 0.0
     label: str = ""
 
-    def describe(self, function: str) -> str:
-        if self.label:
+    @property
+    def input_check(self) -> bool:
+        """True for a case that only checks bad input is refused (it expects an exception)."""
+        return self.raises is not None
+
+    def describe(self, function: str, show_label: bool = True) -> str:
+        """``function(args)`` for messages; the label instead when it has one and ``show_label``
+        (interview mode hides labels: they often name the fix)."""
+        if self.label and show_label:
             return f"{function}({self.label})"
         parts = [_short_repr(a) for a in self.args] + [f"{k}={_short_repr(v)}" for k, v in self.kwargs.items()]
         return f"{function}({', '.join(parts)})"
@@ -63,28 +70,62 @@ class Question:
     hidden: Sequence[Case] = ()
     test: Callable[[Callable], None] | None = None  # extra hidden behaviour test
     timeout: float = 10.0  # seconds for all of this question's hidden tests
+    visible_test: Callable[[Callable], None] | None = None  # a behaviour test the notebook's check runs too
 
     def __post_init__(self) -> None:
         if self.level not in ("easy", "medium", "hard"):
             raise ValueError(f"question {self.id}: level must be easy, medium or hard, got {self.level!r}")
         if self.points <= 0 or self.minutes <= 0:
             raise ValueError(f"question {self.id}: points and minutes must be positive")
-        if not (self.visible or self.hidden or self.test):
+        if not (self.visible or self.hidden or self.test or self.visible_test):
             raise ValueError(f"question {self.id} has no tests")
+
+
+#: The share of a question's points that its input checks (cases that expect an
+#: exception) carry. The rest is for the math (every other case and the behaviour
+#: test): correct math with a missing check keeps 3/4 of the points, wrong math
+#: scores nothing whatever its checks do.
+INPUT_SHARE = 0.25
+
+
+def split_points(points: int, has_input_checks: bool) -> tuple[float, float]:
+    """(math points, input-check points) of a question worth ``points``."""
+    if not has_input_checks:
+        return float(points), 0.0
+    return points * (1 - INPUT_SHARE), points * INPUT_SHARE
+
+
+def fmt_points(x: float) -> str:
+    """2.0 -> '2', 2.25 -> '2.25'."""
+    return f"{round(x, 2):g}"
 
 
 @dataclass(frozen=True)
 class Result:
+    """One question's verdict. ``points`` may be fractional: correct math with a
+    missing input check scores ``split_points(...)[0]``. ``math_passed`` and
+    ``checks_passed`` (None when the question has no input checks) say which part
+    failed."""
+
     question: str
     title: str
-    points: int
+    points: float
     max_points: int
     passed: bool
     reason: str
+    math_passed: bool | None = None
+    checks_passed: bool | None = None
+
+    def __post_init__(self) -> None:
+        if float(self.points).is_integer():
+            object.__setattr__(self, "points", int(self.points))
+        if self.math_passed is None:
+            object.__setattr__(self, "math_passed", self.passed)
 
     def as_dict(self) -> dict:
         return dict(question=self.question, title=self.title, points=self.points,
-                    max_points=self.max_points, passed=self.passed, reason=self.reason)
+                    max_points=self.max_points, passed=self.passed, reason=self.reason,
+                    math_passed=self.math_passed, checks_passed=self.checks_passed)
 
 
 class GradingTimeout(BaseException):
@@ -170,9 +211,59 @@ def _same(got: Any, expected: Any, rel: float, abs_tol: float) -> bool:
     return got == expected
 
 
-def run_case(function_name: str, func: Callable, case: Case) -> str | None:
+def first_difference(got: Any, expected: Any, rel: float = 1e-9, abs_tol: float = 0.0,
+                     path: str = "") -> str | None:
+    """Where ``got`` first differs from ``expected``: ``"[3]: expected 5, got 6"``,
+    ``"length: expected 4, got 5"``, ``"['key']: ..."``; None when they agree."""
+    if _same(got, expected, rel, abs_tol):
+        return None
+    sequence = isinstance(expected, (list, tuple))
+    if sequence or isinstance(expected, dict):
+        try:
+            n = len(got)
+        except TypeError:
+            n = None
+        if sequence and n is not None and not isinstance(got, (str, dict)):
+            try:
+                items = list(got)
+            except TypeError:
+                items = None
+            if items is not None:
+                for i, (g, e) in enumerate(zip(items, expected)):
+                    inner = first_difference(g, e, rel, abs_tol, f"{path}[{i}]")
+                    if inner:
+                        return inner
+                if n != len(expected):
+                    return f"{path or 'the result'} has {n} elements, expected {len(expected)}"
+        if isinstance(expected, dict) and isinstance(got, dict):
+            missing = [k for k in expected if k not in got]
+            extra = [k for k in got if k not in expected]
+            if missing:
+                return f"{path}[{_short_repr(missing[0], 30)}] is missing"
+            if extra:
+                return f"{path}[{_short_repr(extra[0], 30)}] should not be there"
+            for k, v in expected.items():
+                inner = first_difference(got[k], v, rel, abs_tol, f"{path}[{_short_repr(k, 30)}]")
+                if inner:
+                    return inner
+    where = f"{path}: " if path else ""
+    return f"{where}expected {_short_repr(expected)}, got {_short_repr(got)}"
+
+
+def _mismatch(where: str, got: Any, expected: Any, rel: float, abs_tol: float) -> str:
+    """The failure line for a wrong value: both values, and the first difference when
+    the values are containers (their short forms may look alike)."""
+    head = f"{where}: expected {_short_repr(expected)}, got {_short_repr(got)}"
+    if isinstance(expected, (list, tuple, dict)):
+        diff = first_difference(got, expected, rel, abs_tol)
+        if diff and diff.startswith(("[", "the result has")):
+            return f"{head}; first difference at {diff}" if diff.startswith("[") else f"{head}; {diff}"
+    return head
+
+
+def run_case(function_name: str, func: Callable, case: Case, show_label: bool = True) -> str | None:
     """Run one case; return None when it passes, else a one-line reason."""
-    where = case.describe(function_name)
+    where = case.describe(function_name, show_label)
     try:
         got = func(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
     except GradingTimeout:
@@ -188,7 +279,7 @@ def run_case(function_name: str, func: Callable, case: Case) -> str | None:
     if case.raises is not None:
         return f"{where}: expected {case.raises.__name__} for this input, but it returned {_short_repr(got)}"
     if not _same(got, case.expected, case.rel, case.abs):
-        return f"{where}: expected {_short_repr(case.expected)}, got {_short_repr(got)}"
+        return _mismatch(where, got, case.expected, case.rel, case.abs)
     return None
 
 
@@ -207,43 +298,64 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def grade_question(question: Question, func: Any, include_hidden: bool = True) -> Result:
-    """Score one question against a student's function (all cases must pass)."""
-    def result(passed: bool, reason: str) -> Result:
-        return Result(question.id, question.title, question.points if passed else 0,
-                      question.points, passed, reason)
+def grade_question(question: Question, func: Any, include_hidden: bool = True,
+                   interview: bool = False, missing: str | None = None) -> Result:
+    """Score one question against a student's function.
+
+    The math (every case that expects a value, and the behaviour test) carries
+    most of the points; the input checks (cases that expect an exception) carry
+    :data:`INPUT_SHARE` of them, scored only when the math is right. ``interview``
+    hides the hidden cases' labels (they may name the fix). ``missing`` is the
+    reason to give when ``func`` is None (the grader knows why: a syntax error...).
+    """
+    cases = list(question.visible) + (list(question.hidden) if include_hidden else [])
+    has_checks = any(c.input_check for c in cases)
+    math_points, _ = split_points(question.points, has_checks)
+
+    def result(points: float, reason: str, math_ok: bool = False, checks_ok: bool | None = None) -> Result:
+        return Result(question.id, question.title, points, question.points,
+                      math_ok and checks_ok is not False, reason, math_ok,
+                      (checks_ok if math_ok else None) if has_checks else None)
 
     if func is None:
-        return result(False, f"function not defined: write `def {question.function}(...)`")
+        return result(0, missing or f"function not defined: write `def {question.function}(...)`")
     if not callable(func):
-        return result(False, f"{question.function} is a {type(func).__name__}, not a function")
-    cases = list(question.visible) + (list(question.hidden) if include_hidden else [])
+        return result(0, f"{question.function} is a {type(func).__name__}, not a function")
+    visible = set(map(id, question.visible))
     start = time.perf_counter()
+    check_failure = None
     try:
         with time_limit(question.timeout):
             for case in cases:
-                reason = run_case(question.function, func, case)
-                if reason:
-                    return result(False, reason)
-            if include_hidden and question.test is not None:
+                show = not interview or id(case) in visible
+                reason = run_case(question.function, func, case, show_label=show)
+                if reason and case.input_check:
+                    check_failure = check_failure or reason
+                elif reason:
+                    return result(0, reason)
+            behaviour = [question.visible_test] + ([question.test] if include_hidden else [])
+            for test in (t for t in behaviour if t is not None):
                 try:
-                    question.test(func)
+                    test(func)
                 except AssertionError as exc:
-                    return result(False, clean(str(exc)) or "a hidden behaviour test failed")
+                    return result(0, clean(str(exc)) or "a hidden behaviour test failed")
                 except NotImplementedError:
-                    return result(False, f"{question.function}: not implemented yet (raised NotImplementedError)")
+                    return result(0, f"{question.function}: not implemented yet (raised NotImplementedError)")
                 except GradingTimeout:
                     raise
                 except BaseException as exc:
-                    return result(False, f"{question.function}: raised {type(exc).__name__}: "
-                                          f"{clean(str(exc))[:120]}")
+                    return result(0, f"{question.function}: raised {type(exc).__name__}: "
+                                     f"{clean(str(exc))[:120]}")
     except GradingTimeout:
-        return result(False, f"timed out after {question.timeout:g} s (an endless loop?)")
+        return result(0, f"timed out after {question.timeout:g} s (an endless loop?)")
     elapsed = time.perf_counter() - start
-    visible = len(question.visible)
+    if check_failure:
+        return result(math_points, f"math right ({fmt_points(math_points)} of {question.points} points); "
+                                   f"an input check failed: {check_failure}", True, False)
+    n_visible = len(question.visible) + (1 if question.visible_test else 0)
     hidden = (len(question.hidden) + (1 if question.test else 0)) if include_hidden else 0
-    text = f"passed {visible} visible" + (f" and {hidden} hidden" if include_hidden else "") + " checks"
-    return result(True, text + (f" in {elapsed:.1f} s" if elapsed > 1 else ""))
+    text = f"passed {n_visible} visible" + (f" and {hidden} hidden" if include_hidden else "") + " checks"
+    return result(question.points, text + (f" in {elapsed:.1f} s" if elapsed > 1 else ""), True, True)
 
 
 def check(target: str, func: Any = _MISSING) -> bool:
@@ -262,7 +374,8 @@ def check(target: str, func: Any = _MISSING) -> bool:
         func = None
     verdict = grade_question(question, func, include_hidden=False)
     if verdict.passed:
-        print(f"✅ {question.id} {question.title}: {len(question.visible)} visible checks passed. "
+        n = len(question.visible) + (1 if question.visible_test else 0)
+        print(f"✅ {question.id} {question.title}: {n} visible checks passed. "
               f"The grader runs hidden ones too.")
     else:
         print(f"❌ {question.id} {question.title}: {verdict.reason}")
@@ -270,4 +383,5 @@ def check(target: str, func: Any = _MISSING) -> bool:
 
 
 __all__ = ["Case", "Question", "Result", "check", "grade_question", "load_questions", "get_question",
-           "GradingTimeout", "time_limit", "run_case", "clean"]
+           "GradingTimeout", "time_limit", "run_case", "clean", "first_difference", "split_points",
+           "fmt_points", "INPUT_SHARE"]
