@@ -336,9 +336,11 @@ def time_steps_with_and_without_cache(model, contexts, rounds: int = 20,
     in ``contexts``: once by recomputing all ``n`` tokens (no cache), once from a
     KV cache holding the first ``n - 1`` (one new token fed).
 
-    Both ways read the same seeded random tokens. A round times both steps at every
-    context in turn, so slow drift on a busy machine hits every figure alike; each
-    figure keeps its fastest of ``rounds`` rounds (interference only adds time).
+    Both ways read the same seeded random tokens. A round times the recompute at
+    every context, then the cached step at every context (back to back as in a decode
+    loop, after an untimed pass over them, so the weights are back in the CPU's caches); rounds alternate, so slow
+    drift on a busy machine hits every figure alike. Each figure keeps its fastest of
+    ``rounds`` rounds (interference only adds time).
     The cached step's new token is cropped from its cache after each step, so every
     timed step of a context is the same step. The clock is this process's CPU time
     (run with one thread). Returns ``(uncached, cached)``, one figure per context.
@@ -368,12 +370,18 @@ def time_steps_with_and_without_cache(model, contexts, rounds: int = 20,
         best_uncached = [math.inf] * len(contexts)
         best_cached = [math.inf] * len(contexts)
         for _ in range(rounds):
-            for j, (n, cache) in enumerate(zip(contexts, caches)):
+            for j, n in enumerate(contexts):
                 start = time.process_time()
                 model(tokens[:, :n])
                 best_uncached[j] = min(best_uncached[j], time.process_time() - start)
-                start = time.process_time()
-                model(tokens[:, n - 1:n], cache=cache)
-                best_cached[j] = min(best_cached[j], time.process_time() - start)
-                cache.crop(n - 1)  # forget the token this step added
+            # the cached steps run back to back, as in a decode loop, after an untimed
+            # pass over them: the recomputes just before evict the weights from the
+            # CPU's caches
+            for timed in (False, True):
+                for j, (n, cache) in enumerate(zip(contexts, caches)):
+                    start = time.process_time()
+                    model(tokens[:, n - 1:n], cache=cache)
+                    if timed:
+                        best_cached[j] = min(best_cached[j], time.process_time() - start)
+                    cache.crop(n - 1)  # forget the token this step added
     return best_uncached, best_cached
