@@ -100,6 +100,10 @@ _VLLM_CACHE_CONFIG = ("vLLM documentation, \"vllm.config.cache\" (CacheConfig.gp
 _GEMMA2 = ("Gemma Team, Google DeepMind, \"Gemma 2: Improving Open Language Models at a Practical Size\" "
            "(2024), section 2 (architecture)", "https://arxiv.org/abs/2408.00118")
 
+_MARLIN = ("Elias Frantar, Roberto L. Castro, Jiale Chen, Torsten Hoefler and Dan Alistarh, \"MARLIN: "
+           "Mixed-Precision Auto-Regressive Parallel Inference on Large Language Models\" (2024), and its "
+           "README (IST-DASLab/marlin)", "https://github.com/IST-DASLab/marlin")
+
 
 def _s(key, value, unit, what, work, note=""):
     return Source(key, float(value), unit, what, work[0], work[1], note)
@@ -249,6 +253,13 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "speculative decoding's speedup on T5-XXL without changing outputs (low end)", _SPEC),
     _s("speculative_speedup_high", 3, "x",
        "speculative decoding's speedup on T5-XXL without changing outputs (high end)", _SPEC),
+    # Quantized kernels
+    _s("marlin_batch_low", 16, "tokens",
+       "Marlin's FP16xINT4 kernel keeps close to its ideal 4x speedup over FP16 weights up to batches "
+       "of 16-32 tokens (low end)", _MARLIN, "prior kernels held a comparable speedup to 1-2 tokens"),
+    _s("marlin_batch_high", 32, "tokens",
+       "Marlin's FP16xINT4 kernel keeps close to its ideal 4x speedup up to batches of 16-32 tokens "
+       "(high end)", _MARLIN),
 ]}
 
 
