@@ -301,3 +301,38 @@ def test_a_fused_model_quantizes_to_the_same_logits():
     assert torch.allclose(plain(ids), fused(ids), atol=1e-6)
     int8 = Q.quantize_model(_tiny_model().fuse_projections(), "int8")
     assert all(isinstance(layer.self_attn.fused_qkv, Q.FusedQuantizedLinears) for layer in int8.layers)
+
+
+def test_rotation_spreads_the_outlier():
+    """QuaRot-style rotation: (x R)(W R)^T = x W^T, and per-channel int8 of W R beats per-channel int8 of W."""
+    e = Q.outlier_demo()["errors"]
+    assert e["rotated (Hadamard), per-channel int8"] < e["per-channel int8"] / 3
+    gen = torch.Generator().manual_seed(1)
+    for n in (8, 6):            # Hadamard path and the QR fallback
+        r = Q._random_rotation(n, gen)
+        assert torch.allclose(r @ r.T, torch.eye(n), atol=1e-5)
+
+
+def test_fp8_round_trip_cares_little_about_its_scale():
+    """fp8 is a float: per-tensor vs per-row scales barely matter; int8's error shrinks with per-row scales."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=gen) * torch.logspace(-2, 0, 64).unsqueeze(1)
+    e4_t, e4_r = (Q.scaled_roundtrip_error(w, "e4m3", g) for g in ("tensor", "row"))
+    i8_t, i8_r = (Q.scaled_roundtrip_error(w, "int8", g) for g in ("tensor", "row"))
+    assert e4_r <= e4_t < 1.2 * e4_r
+    assert i8_t > 2 * i8_r
+    assert Q.scaled_roundtrip_error(w, "e5m2") > e4_t       # fewer mantissa bits
+    assert Q.scaled_roundtrip_error(torch.zeros(2, 3)) == 0.0
+    for bad in (dict(element="fp4"), dict(granularity="group")):
+        with pytest.raises(ValueError):
+            Q.scaled_roundtrip_error(w, **bad)
+    with pytest.raises(ValueError):
+        Q.scaled_roundtrip_error(torch.ones(3))
+
+
+def test_time_projection_times_every_format():
+    ms = Q.time_projection(64, 96, schemes=("int8", "mxfp4"), repeats=1)
+    assert list(ms) == ["fp32", "bf16", "int8", "mxfp4"]
+    assert all(v > 0 for v in ms.values())
+    with pytest.raises(ValueError):
+        Q.time_projection(repeats=0)

@@ -28,7 +28,13 @@ weights: half the bytes, about half the time. This module makes that concrete:
   so a decode step calls the kernel four times per layer, not seven.
 * Quality: :func:`perplexity`, :func:`quality_table` (perplexity on the
   corpus's validation split, top-1 agreement and KL divergence against fp32)
-  and :func:`outlier_demo` (one large channel and its fixes).
+  and :func:`outlier_demo` (one large channel and its fixes, rotation included).
+* FP8 as a format: :func:`scaled_roundtrip_error` rounds a tensor to fp8
+  (E4M3 or E5M2) or int8 with one scale per tensor or per row, the two
+  granularities W8A8-FP8 serving uses (per-tensor, or per-channel weights and
+  per-token activations).
+* :func:`time_projection`: one projection at batch 1 in each format, timed on
+  this machine (for a chapter's live cell; never used by a test's assertion).
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ __all__ = [
     "pack_nibbles", "unpack_nibbles", "QuantizedLinear", "FusedQuantizedLinears", "fusable_quantized",
     "quantize_model", "is_quantized",
     "linear_weight_bytes", "PROJECTIONS", "perplexity", "validation_tokens", "quality_table",
-    "outlier_demo", "memory_bound_step_seconds",
+    "outlier_demo", "memory_bound_step_seconds", "FP8_FORMATS", "scaled_roundtrip_error",
+    "time_projection",
 ]
 
 
@@ -703,7 +710,12 @@ def outlier_demo(out_features: int = 256, in_features: int = 512, factor: float 
     * rescaled (SmoothQuant/AWQ-style): divide the column by ``s`` and multiply
       that input channel by ``s`` (folded into the previous norm's weight), then
       per-channel int8: ``x W^T`` is unchanged, the column is ordinary;
-    * column kept in high precision (LLM.int8()-style mixed precision), rest per-channel int8.
+    * column kept in high precision (LLM.int8()-style mixed precision), rest per-channel int8;
+    * rotated (QuaRot-style): multiply ``W`` by an orthogonal matrix ``R`` (a
+      Hadamard matrix with random signs when ``in_features`` is a power of two,
+      else a random orthogonal one) and the inputs by the same ``R``:
+      ``(x R)(W R)^T = x W^T``, and the large column is spread over every column
+      before per-channel int8.
     """
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02
@@ -730,12 +742,105 @@ def outlier_demo(out_features: int = 256, in_features: int = 512, factor: float 
     rest[:, col] = 0
     kept = int8_rows(rest)
     kept[:, col] = w[:, col]
+    rot = _random_rotation(in_features, gen)
+    rotated = int8_rows(w @ rot) @ rot.T                # == quantize(W R), activations x R
     methods = {"per-tensor int8": err(per_tensor), "per-channel int8": err(int8_rows(w)),
                f"int8, groups of {g}": err(grouped), "rescaled channel, per-channel int8": err(rescaled),
-               "channel kept in high precision": err(kept)}
+               "channel kept in high precision": err(kept),
+               "rotated (Hadamard), per-channel int8": err(rotated)}
     clean = w.clone()
     clean[:, col] /= factor
     s_clean = clean.abs().max() / INT8_MAX
     clean_err = ((x @ (torch.round(clean / s_clean) * s_clean - clean).T).norm() / (x @ clean.T).norm()).item()
     return {"column": col, "factor": factor, "group": g, "errors": methods,
             "per_tensor_without_outlier": clean_err}
+
+
+def _random_rotation(n: int, gen: torch.Generator) -> torch.Tensor:
+    """An ``n x n`` orthogonal matrix: Hadamard with random column signs (n a power of two), else QR of a Gaussian."""
+    if n > 0 and n & (n - 1) == 0:
+        h = torch.ones(1, 1)
+        while h.shape[0] < n:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        signs = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+        return h * signs / math.sqrt(n)
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=gen))
+    return q * torch.sign(torch.diagonal(r))
+
+
+# ====================================================================== fp8 as a format
+
+#: The two FP8 formats (Micikevicius et al., 2022): E4M3 keeps more mantissa
+#: (largest 448), E5M2 more range (largest 57,344).
+FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def scaled_roundtrip_error(x: torch.Tensor, element: str = "e4m3", granularity: str = "tensor") -> float:
+    """Relative RMS error of ``x`` (2-D) after rounding to ``element`` with one scale per tensor or per row.
+
+    ``element`` is ``"e4m3"`` or ``"e5m2"`` (fp8, cast by PyTorch: round to
+    nearest even) or ``"int8"`` (symmetric, codes -127..127). The scale maps
+    the tensor's (or the row's) largest magnitude onto the format's largest
+    value. ``granularity="row"`` is per output channel for a weight matrix and
+    per token for activations (rows are tokens).
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError("x must be a 2-D tensor (rows x columns); reshape it first")
+    if granularity not in ("tensor", "row"):
+        raise ValueError(f"granularity must be 'tensor' or 'row', not {granularity!r}")
+    if element not in FP8_FORMATS and element != "int8":
+        raise ValueError(f"element must be one of {sorted(FP8_FORMATS) + ['int8']}, not {element!r}")
+    x = x.float()
+    amax = x.abs().amax() if granularity == "tensor" else x.abs().amax(dim=1, keepdim=True)
+    amax = amax.clamp(min=torch.finfo(torch.float32).tiny)
+    if element == "int8":
+        scale = amax / INT8_MAX
+        back = torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX) * scale
+    else:
+        dtype = FP8_FORMATS[element]
+        scale = amax / torch.finfo(dtype).max
+        back = (x / scale).to(dtype).float() * scale
+    rms_x = x.pow(2).mean().sqrt().item()
+    return (back - x).pow(2).mean().sqrt().item() / rms_x if rms_x else 0.0
+
+
+# ====================================================================== live timing
+
+def time_projection(in_features: int = 1024, out_features: int = 2816,
+                    schemes: Sequence[str] = ("int8", "int4-g128", "int4-g32", "mxfp4"),
+                    repeats: int = 30, seed: int = 0) -> dict[str, float]:
+    """Milliseconds for one projection at batch 1: fp32, bf16 and each scheme (bf16 activations).
+
+    Each is called once to warm up, then ``repeats`` times; the fastest call
+    counts (the least disturbed by other work). A measurement of this machine:
+    the numbers vary from run to run and between CPUs.
+    """
+    import time
+
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    gen = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(in_features, out_features, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_features, in_features, generator=gen) * 0.02)
+    x32 = torch.randn(1, in_features, generator=gen)
+    x16 = x32.bfloat16()
+    lin16 = nn.Linear(in_features, out_features, bias=False).bfloat16()
+    with torch.no_grad():
+        lin16.weight.copy_(lin.weight)
+    calls = {"fp32": lambda: lin(x32), "bf16": lambda: lin16(x16)}
+    for scheme in schemes:
+        layer = QuantizedLinear.from_linear(lin, scheme)
+        calls[scheme] = functools.partial(layer, x16)
+
+    def fastest_ms(fn):
+        fn()
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best * 1e3
+
+    with torch.no_grad():
+        return {name: fastest_ms(fn) for name, fn in calls.items()}
