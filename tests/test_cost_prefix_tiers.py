@@ -44,9 +44,26 @@ def test_pipelined_reload_hides_behind_the_pass():
         piped, serial = p.reload_ttft_s(tier), p.reload_ttft_s(tier, pipelined=False)
         assert max(p.pass_s, p.reload_s[tier]) <= piped <= serial
         assert serial == pytest.approx(p.reload_s[tier] + p.pass_s)
+        assert p.layerwise_stall_s(tier) == pytest.approx(piped - p.pass_s)
     # host memory's load (smaller than the pass) adds only its first layer's share
     assert p.reload_s["host"] < p.pass_s
     assert p.reload_ttft_s("host") == pytest.approx(p.pass_s + p.reload_s["host"] / p.num_layers)
+
+
+def test_a_pipelined_load_longer_than_the_pass_still_waits_for_the_last_layer():
+    p = cost.prefix_tier_price(chip="B200", math_dtype="fp8", cache_dtype="bf16")
+    load, n = p.reload_s["ssd"], p.num_layers
+    assert load > p.pass_s
+    # the last layer's blocks arrive with the whole load; its compute follows
+    assert p.reload_ttft_s("ssd") == pytest.approx(load + p.pass_s / n)
+    # that holds the batch's step longer than recomputing the prefix would take
+    assert p.layerwise_stall_s("ssd") > p.recompute_chip_s
+
+
+def test_writing_the_reload_into_hbm_runs_at_the_bandwidth_efficiency():
+    from servelab.specs import get_chip
+    p = cost.prefix_tier_price(bandwidth_efficiency=0.5)
+    assert p.hbm_write_s == pytest.approx(p.kv_bytes / (get_chip("H100 SXM").hbm_bandwidth * 0.5))
 
 
 def test_fp8_cache_halves_the_bytes_and_the_reload():

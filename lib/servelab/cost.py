@@ -401,13 +401,18 @@ class TierPrice:
 
     *Latency*: the first token waits for the question's own pass (``pass_s``)
     plus whatever the prefix costs to bring back. Recomputing runs the whole
-    prompt (``recompute_ttft_s``). A reload from a tier takes ``reload_s[tier]``;
-    engines load layer by layer, so only the first layer's share and any
-    excess over the pass show (:meth:`reload_ttft_s`).
+    prompt (``recompute_ttft_s``). A reload from a tier takes ``reload_s[tier]``.
+    Two ways to schedule it (:meth:`reload_ttft_s`): load first, then join a
+    batch (vLLM's built-in offloading), or load layer by layer while the pass
+    runs (LMCache's layer-wise mode), which shows only one layer's share of
+    the load when the load is shorter than the pass.
 
     *Chip time*: recomputing spends the prefix's arithmetic (``recompute_chip_s``),
     chip time the rest of the batch then does not get. A reload moves bytes over
-    a link; the chip only writes them into HBM (``hbm_write_s``).
+    a link; the chip only writes them into HBM (``hbm_write_s``). That holds
+    when the load finishes before the request joins a batch. A layer-by-layer
+    load that outruns the pass holds the batch's step instead
+    (:meth:`layerwise_stall_s`).
     """
 
     model: str
@@ -422,22 +427,34 @@ class TierPrice:
     recompute_ttft_s: float      # the whole prompt's prefill
     recompute_chip_s: float      # arithmetic the prefix costs (the chip's time)
     attention_share: float       # of the prefix's operations, attention's part
-    hbm_write_s: float           # writing the reloaded bytes into HBM
+    hbm_write_s: float           # writing the reloaded bytes into HBM (at the replica's HBM efficiency)
     reload_s: Mapping[str, float]
     price_per_chip_hour: float | None
 
     def reload_ttft_s(self, tier: str, pipelined: bool = True) -> float:
         """First-token time when the prefix comes back from ``tier``.
 
-        Pipelined: layer ``l + 1``'s blocks travel while layer ``l`` computes, so
-        the first token waits for one layer's share of the load, plus any part
-        of the rest that the pass cannot hide. Not pipelined: load, then pass.
+        Pipelined (layer by layer): layer ``l`` computes once its blocks have
+        arrived and layer ``l - 1`` is done. With ``L`` layers, a load ``T`` and a
+        pass ``P``, the first token comes at ``max(T / L + P, T + P / L)``: the
+        pass waits for the first layer's share, or the last layer's compute
+        follows the whole load. Not pipelined (load first, then join a batch):
+        ``T + P``.
         """
         load = self.reload_s[tier]
         if not pipelined:
             return load + self.pass_s
-        first = load / self.num_layers
-        return self.pass_s + first + max(load - first - self.pass_s, 0.0)
+        n = self.num_layers
+        return max(load / n + self.pass_s, load + self.pass_s / n)
+
+    def layerwise_stall_s(self, tier: str) -> float:
+        """How long a layer-by-layer reload holds the batch's step beyond the pass.
+
+        The step runs with the request in it, so every layer that waits for its
+        blocks waits for the whole batch: ``reload_ttft_s(tier) - pass_s``. A load
+        shorter than the pass stalls only the first layer's share.
+        """
+        return self.reload_ttft_s(tier) - self.pass_s
 
     @property
     def recompute_usd_per_million(self) -> float | None:
@@ -457,7 +474,8 @@ def prefix_tier_price(model: ModelConfig | str = "Llama-3.1-8B", chip: str = "H1
     efficiency) of the chip's ``math_dtype`` peak, attention included
     (:func:`servelab.arith.prefill_ops`: its part grows with the square of the
     prefix), and never faster than one read of the weights at
-    ``bandwidth_efficiency``. Links run at their peak bandwidths, so reloads
+    ``bandwidth_efficiency``. Writing a reloaded prefix into HBM runs at the
+    same ``bandwidth_efficiency``. Links run at their peak bandwidths, so reloads
     are best cases. One chip; the price is its on-demand rate, when listed.
     """
     from servelab import kvcache
@@ -488,5 +506,5 @@ def prefix_tier_price(model: ModelConfig | str = "Llama-3.1-8B", chip: str = "H1
         recompute_ttft_s=max(ops_all / rate, weight_read),
         recompute_chip_s=(ops_all - ops_question) / rate,
         attention_share=1 - 2.0 * params * prefix_tokens / ops_prefix,
-        hbm_write_s=kv_bytes / c.hbm_bandwidth, reload_s=reload,
+        hbm_write_s=kv_bytes / (c.hbm_bandwidth * bw_eff), reload_s=reload,
         price_per_chip_hour=CHIP_HOURLY_USD.get(c.name))
