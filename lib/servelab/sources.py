@@ -91,6 +91,12 @@ _VLLM_APC = ("vLLM documentation, \"Automatic Prefix Caching\" (design notes)",
 _GU_AUDIT = ("Chenchen Gu, Xiang Lisa Li, Rohith Kuditipudi, Percy Liang and Tatsunori Hashimoto, "
              "\"Auditing Prompt Caching in Language Model APIs\", ICML 2025",
              "https://arxiv.org/abs/2502.07776")
+_VLLM_HASH_ADVISORY = ("vLLM security advisory GHSA-rm76-4mrf-v9r8 (2025): predictable hash collisions in "
+                       "prefix caching, fixed in 0.7.2 by pull request #12621",
+                       "https://github.com/vllm-project/vllm/security/advisories/GHSA-rm76-4mrf-v9r8")
+_VLLM_SALT = ("vLLM security advisory GHSA-4qjh-9fv9-r85r (CVE-2025-46570): a timing side channel in prefix "
+              "caching; the cache_salt request field of pull request #17045 answers it",
+              "https://github.com/vllm-project/vllm/security/advisories/GHSA-4qjh-9fv9-r85r")
 _SGLANG = ("Lianmin Zheng et al., \"SGLang: Efficient Execution of Structured Language Model Programs\", "
            "NeurIPS 2024", "https://arxiv.org/abs/2312.07104")
 _LLAMA31_BLOG = ("Meta, \"Introducing Llama 3.1: Our most capable models to date\" (2024)",
@@ -226,7 +232,18 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("vllm_prefix_hash_bits", 256, "bits",
        "vLLM names a cached block by a SHA-256 hash of its parent's hash, its tokens and extra keys, "
        "and finds blocks by that hash alone", _VLLM_APC,
-       "SHA-256 is the default since v0.10.2; earlier versions used Python's built-in hash()"),
+       "SHA-256 is the default since v0.10.2, and the key is the hash alone since then (earlier V1 "
+       "releases also kept each block's token ids in the key); earlier versions used Python's built-in "
+       "hash()"),
+    _s("vllm_hash_none_constant_python", 3.12, "Python version",
+       "Python release from which hash(None), where vLLM's built-in-hash block chain started, is a "
+       "constant, so collisions could be planted; vLLM 0.7.2 started the chain from a random seed",
+       _VLLM_HASH_ADVISORY, "SHA-256 came as an option in 0.8.3 and became the default in v0.10.2"),
+    _s("vllm_cache_salt_blocks", 1, "block",
+       "vLLM mixes a request's cache_salt into the hash of its first block only; the chain carries it "
+       "to every later block, so requests with different salts share no block", _VLLM_SALT,
+       "cache_salt is an ordinary request field: a gateway must set it per tenant, or a client can "
+       "copy another's salt"),
     _s("prompt_cache_shared_providers", 7, "API providers",
        "API providers whose prompt cache the audit found shared across users, so that a fast first "
        "token can reveal another user's prompt", _GU_AUDIT),
