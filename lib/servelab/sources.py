@@ -74,6 +74,11 @@ _OPENAI_CACHE_DOCS = ("OpenAI API documentation, \"Prompt caching\" (guide, with
 _DSV2 = ("DeepSeek-AI, \"DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language "
          "Model\" (2024)", "https://arxiv.org/abs/2405.04434")
 _DSV3 = ("DeepSeek-AI, \"DeepSeek-V3 Technical Report\" (2024)", "https://arxiv.org/abs/2412.19437")
+_DSV3_CONFIG = ("deepseek-ai/DeepSeek-V3, config.json on Hugging Face (n_group, topk_group)",
+                "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json")
+_DEEPEP = ("DeepSeek-AI, DeepEP, V1 performance (docs/legacy.md): low-latency kernels on H800 GPUs, each with a "
+           "CX7 InfiniBand 400 Gb/s card; 128 tokens per batch, 7168 hidden, top-8 experts, FP8 dispatching "
+           "and BF16 combining", "https://github.com/deepseek-ai/DeepEP/blob/main/docs/legacy.md")
 _SPEC = ("Yaniv Leviathan, Matan Kalman and Yossi Matias, \"Fast Inference from Transformers via "
          "Speculative Decoding\", ICML 2023", "https://arxiv.org/abs/2211.17192")
 _H100_ARCH = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)",
@@ -266,6 +271,28 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "GPUs in DeepSeek-V3's smallest prefill deployment (4 nodes): attention TP4 x DP8, MoE EP32", _DSV3),
     _s("deepseek_v3_decode_gpus", 320, "GPUs",
        "GPUs in DeepSeek-V3's smallest decode deployment (40 nodes): attention TP4 x DP80, MoE EP320", _DSV3),
+    _s("deepseek_v3_decode_experts_per_gpu", 1, "experts",
+       "routed experts each GPU holds in DeepSeek-V3's decode deployment", _DSV3),
+    _s("deepseek_v3_decode_spare_gpus", 64, "GPUs",
+       "GPUs of DeepSeek-V3's decode deployment that host the redundant experts and the shared expert, "
+       "the shared expert treated as a routed one that every token picks", _DSV3),
+    _s("deepseek_v3_prefill_redundant_per_gpu", 1, "experts",
+       "redundant (copied hot) expert each GPU of DeepSeek-V3's prefill deployment hosts besides its "
+       "8 routed experts", _DSV3),
+    _s("deepseek_v3_decode_expert_batch", 256, "tokens",
+       "tokens per expert in DeepSeek-V3's decode: 'usually within 256', so memory access, not "
+       "computation, is the bottleneck", _DSV3),
+    _s("deepseek_v3_expert_groups", 8, "groups",
+       "expert groups of DeepSeek-V3's released router (n_group)", _DSV3_CONFIG),
+    _s("deepseek_v3_topk_groups", 4, "groups",
+       "expert groups one token's routed experts may come from in DeepSeek-V3's released router "
+       "(topk_group); training bounded a token to 4 nodes instead", _DSV3_CONFIG),
+    _s("deepep_ll_dispatch_us_ep32", 155, "us",
+       "DeepEP low-latency dispatch at expert parallelism 32 over InfiniBand, 128 tokens per GPU", _DEEPEP),
+    _s("deepep_ll_combine_us_ep32", 273, "us",
+       "DeepEP low-latency combine at expert parallelism 32 over InfiniBand, 128 tokens per GPU", _DEEPEP),
+    _s("deepep_ll_tokens", 128, "tokens",
+       "tokens per GPU in DeepEP's low-latency benchmark (a typical DeepSeek-V3 decode batch)", _DEEPEP),
     _s("speculative_speedup_low", 2, "x",
        "speculative decoding's speedup on T5-XXL without changing outputs (low end)", _SPEC),
     _s("speculative_speedup_high", 3, "x",
