@@ -74,3 +74,69 @@ def test_cli_writes_refuses_to_overwrite_and_grades(tmp_path, capsys):
     assert main(["--level", "easy", "--minutes", "10", "--out", str(out)]) == 2
     assert main(["--grade", str(tmp_path / "missing.ipynb")]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- issue 27: the mock interview
+
+def test_the_seed_is_recorded_so_an_interview_repeats(tmp_path, capsys):
+    from servelab.interview import write_interview
+    out = tmp_path / "iv.ipynb"
+    picks = write_interview(out, "easy", 15)
+    nb = nbformat.read(out, as_version=4)
+    seed = nb.metadata["servelab"]["interview"]["seed"]
+    assert isinstance(seed, int) and f"--seed {seed}" in nb.cells[0].source
+    assert pick_questions("easy", 15, seed=seed) == picks
+    assert main(["--level", "easy", "--minutes", "10", "--out", str(tmp_path / "b.ipynb")]) == 0
+    assert "repeats this pick" in capsys.readouterr().out
+
+
+def test_an_empty_pool_says_so():
+    with pytest.raises(ValueError, match="pool is empty"):
+        pick_questions("easy", 30, exercises=[])
+    with pytest.raises(ValueError, match="no hard questions"):
+        pick_questions("hard", 60, exercises=["ex02_tokens"])
+
+
+def test_hard_interviews_draw_hard_questions_first_and_say_when_they_run_short():
+    from servelab.interview import pick_notes
+    hard = [p for p in pick_questions("mixed", 10_000, seed=0) if p.question.level == "hard"]
+    shortest = min(p.question.minutes for p in hard)
+    with pytest.raises(ValueError, match=f"no hard question fits in {shortest - 1} minutes"):
+        pick_questions("hard", shortest - 1)
+    for seed in range(5):
+        picks = pick_questions("hard", 90, seed=seed)
+        chosen = [p for p in picks if p.question.level == "hard"]
+        left = 90 - sum(p.question.minutes for p in chosen)
+        unused = [p for p in hard if p not in chosen and p.question.function not in
+                  {c.question.function for c in chosen}]
+        assert all(p.question.minutes > left for p in unused), "a hard question that fitted was skipped"
+        notes = pick_notes(picks, "hard", 90)
+        if len(chosen) < len(picks):
+            assert any("are hard" in n for n in notes)
+
+
+def test_links_into_the_chapters_work_wherever_the_notebook_is_written(tmp_path):
+    import re
+    picks = [Pick(ex, q) for ex in all_exercises() for q in load_questions(ex)]
+    out_dir = tmp_path / "deep" / "folder"
+    out_dir.mkdir(parents=True)
+    nb = build_notebook(picks, "mixed", 1000, seed=0, out_dir=out_dir)
+    links = [m.group(1) for c in nb.cells if c.cell_type == "markdown"
+             for m in re.finditer(r"\]\((?![a-z]+:|#)([^)\s#]+)", c.source)]
+    assert links, "no relative links to check"
+    for link in links:
+        assert (out_dir / link).resolve().is_file(), link
+
+
+def test_every_question_is_self_contained():
+    """A generated interview renumbers questions, so no question may point at another
+    ("as in Q1", "Q2's rules"): each states what it needs."""
+    import re
+    from servelab.interview import _section
+    for ex in all_exercises():
+        cells = json.loads((ROOT / "exercises" / f"{ex}.ipynb").read_text())["cells"]
+        for q in load_questions(ex):
+            text = "\n".join("".join(c["source"]) for c in _section(cells, q.id) if c["cell_type"] == "markdown")
+            body = text.partition("\n")[2]
+            assert not re.search(r"\bQ\d\b", body), f"{ex}.{q.id} refers to another question: " + \
+                re.search(r".{0,40}\bQ\d\b.{0,40}", body).group(0)

@@ -12,13 +12,20 @@ runs the notebook in a fresh kernel and grades every question against its
 hidden tests (the notebook's metadata lists them, so a renamed copy grades),
 then prints the score and how long the interview took.
 
-``--seed`` makes the pick repeatable; ``--level mixed`` draws from every level.
+Every interview has a seed (drawn when ``--seed`` is not given), printed and
+written into the notebook, so ``--seed N`` repeats the same pick; ``--level
+mixed`` draws from every level. Questions of the asked level come first; when
+there are too few of them, or the time boxes cannot fill the interview, the
+notebook and the command say so. Links into the chapters are rewritten to work
+from wherever the notebook is written.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
+import os
+import re
 import pkgutil
 import random
 import sys
@@ -54,23 +61,35 @@ def pick_questions(level: str = "medium", minutes: int = 45, seed: int | None = 
     interview spans chapters), drawn in a random order fixed by ``seed``; time
     left over is filled with easier questions, then with a second question from
     an exercise already used. The time boxes add up to at most ``minutes``.
+    Raises ``ValueError`` when the pool has no question of that level, or none
+    that fits in ``minutes`` (never a silently easier interview).
     """
     if level not in LEVELS + ("mixed",):
         raise ValueError(f"level must be one of {LEVELS + ('mixed',)}, got {level!r}")
     if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes <= 0:
         raise ValueError(f"minutes must be a positive whole number, got {minutes!r}")
+    names = all_exercises() if exercises is None else list(exercises)
     rng = random.Random(seed)
-    pool = [Pick(ex, q) for ex in (exercises or all_exercises()) for q in load_questions(ex)]
+    pool = [Pick(ex, q) for ex in names for q in load_questions(ex)]
     if not pool:
-        raise ValueError("no graded questions found")
+        raise ValueError("the question pool is empty: " + (f"the exercises {names} have no graded questions"
+                         if names else "no exercises were given"))
+    of_level = [p for p in pool if level == "mixed" or p.question.level == level]
+    if not of_level:
+        raise ValueError(f"the question pool has no {level} questions (exercises: {', '.join(names)}): "
+                         "choose another level or more exercises")
+    shortest = min(p.question.minutes for p in of_level)
+    if shortest > minutes:
+        raise ValueError(f"no {level} question fits in {minutes} minutes; the shortest takes {shortest}: "
+                         "give more minutes or an easier level")
     rng.shuffle(pool)
     tiers = [LEVELS] if level == "mixed" else [(level,), _LOWER[level]]
     chosen: list[Pick] = []
     used_exercises: set[str] = set()
     used_functions: set[str] = set()
     budget = minutes
-    for one_per_exercise in (True, False):
-        for tier in tiers:
+    for tier in tiers:  # every question of the asked level that fits, before any easier one
+        for one_per_exercise in (True, False):
             for p in pool:
                 q = p.question
                 if q.level not in tier or p in chosen or q.function in used_functions or q.minutes > budget:
@@ -81,11 +100,22 @@ def pick_questions(level: str = "medium", minutes: int = 45, seed: int | None = 
                 used_exercises.add(p.exercise)
                 used_functions.add(q.function)
                 budget -= q.minutes
-    if not chosen:
-        shortest = min(p.question.minutes for p in pool if level == "mixed" or p.question.level == level)
-        raise ValueError(f"no {level} question fits in {minutes} minutes; the shortest takes {shortest}: "
-                         "give more minutes or an easier level")
     return sorted(chosen, key=lambda p: (p.exercise, p.question.id))
+
+
+def pick_notes(picks: list[Pick], level: str, minutes: int) -> list[str]:
+    """What the candidate should know about a pick: too few questions of the level, time left over."""
+    notes = []
+    total = sum(p.question.minutes for p in picks)
+    if level != "mixed":
+        at_level = sum(p.question.level == level for p in picks)
+        if at_level < len(picks):
+            notes.append(f"only {at_level} of the {len(picks)} questions are {level}: no other {level} "
+                         f"question fits in the time left, so easier ones fill it")
+    if total < minutes:
+        notes.append(f"the time boxes fill {total} of the {minutes} minutes: no other question fits "
+                     "the time left")
+    return notes
 
 
 def _repo_exercises_dir() -> Path:
@@ -123,12 +153,26 @@ def _setup_cells(cells: list[dict]) -> list[dict]:
     return out
 
 
+_LINK = re.compile(r"(\]\()(?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)(\))")
+
+
+def relink(markdown: str, source_dir: Path, out_dir: Path) -> str:
+    """Rewrite relative links written from ``source_dir`` so they work from ``out_dir``."""
+    def fix(m: re.Match) -> str:
+        path, _, anchor = m.group(2).partition("#")
+        target = os.path.relpath((source_dir / path).resolve(), out_dir.resolve())
+        return f"{m.group(1)}{Path(target).as_posix()}{'#' + anchor if anchor else ''}{m.group(3)}"
+    return _LINK.sub(fix, markdown)
+
+
 def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None = None,
-                   exercises_dir: Path | None = None) -> dict:
-    """The interview notebook (nbformat 4 JSON) for ``picks``."""
+                   exercises_dir: Path | None = None, out_dir: Path | None = None) -> dict:
+    """The interview notebook (nbformat 4 JSON) for ``picks``, to be written in ``out_dir``
+    (default: the current folder; links into the chapters are rewritten for it)."""
     import nbformat
 
     folder = Path(exercises_dir) if exercises_dir else _repo_exercises_dir()
+    out_dir = Path(out_dir) if out_dir is not None else Path.cwd()
     total = sum(p.question.minutes for p in picks)
     points = sum(p.question.points for p in picks)
     intro = (f"# Mock interview · {level} · {minutes} minutes\n\n"
@@ -136,8 +180,13 @@ def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None
              f"{total} minutes of time boxes, {points} points. Write each function in the cell under "
              "its question and run the check cell below it; the checks show the examples only. "
              "When the time is up (or you are done), grade the whole notebook against the hidden "
-             "tests:\n\n```bash\npython -m servelab.interview --grade THIS_NOTEBOOK.ipynb\n```\n\n"
-             "| # | question | from | level | time box | points |\n|---|---|---|---|---|---|\n")
+             "tests:\n\n```bash\npython -m servelab.interview --grade THIS_NOTEBOOK.ipynb\n```\n\n")
+    if seed is not None:
+        intro += (f"Seed {seed}: `python -m servelab.interview --level {level} --minutes {minutes} "
+                  f"--seed {seed}` writes this interview again.\n\n")
+    for note in pick_notes(picks, level, minutes):
+        intro += f"Note: {note}.\n\n"
+    intro += "| # | question | from | level | time box | points |\n|---|---|---|---|---|---|\n"
     for k, p in enumerate(picks, 1):
         q = p.question
         intro += f"| {k} | {q.title} | {p.exercise} | {q.level} | {q.minutes} min | {q.points} |\n"
@@ -160,11 +209,11 @@ def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None
             if j == 0:
                 first, _, rest = text.partition("\n")
                 text = f"## Question {k} · {p.question.title} (from {p.exercise})\n{rest}"
-                nb.cells.append(nbformat.v4.new_markdown_cell(text))
+                nb.cells.append(nbformat.v4.new_markdown_cell(relink(text, folder, out_dir)))
             elif cell["cell_type"] == "code":
                 nb.cells.append(nbformat.v4.new_code_cell(text))
             else:
-                nb.cells.append(nbformat.v4.new_markdown_cell(text))
+                nb.cells.append(nbformat.v4.new_markdown_cell(relink(text, folder, out_dir)))
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
                                  "name": "python3"}
     nb.metadata["servelab"] = {
@@ -175,14 +224,21 @@ def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None
     return nb
 
 
+def new_seed() -> int:
+    """A seed for an interview that was not given one (recorded, so it can be repeated)."""
+    return random.SystemRandom().randrange(1_000_000)
+
+
 def write_interview(out: Path, level: str = "medium", minutes: int = 45, seed: int | None = None,
                     exercises_dir: Path | None = None) -> list[Pick]:
-    """Pick questions and write the interview notebook to ``out``; return the picks."""
+    """Pick questions and write the interview notebook to ``out``; return the picks.
+    Without a ``seed`` one is drawn; either way it is written into the notebook."""
     import nbformat
 
+    seed = new_seed() if seed is None else seed
     picks = pick_questions(level, minutes, seed)
-    nb = build_notebook(picks, level, minutes, seed, exercises_dir)
     out = Path(out)
+    nb = build_notebook(picks, level, minutes, seed, exercises_dir, out_dir=out.parent)
     if out.exists():
         raise FileExistsError(f"{out} already exists: grade it with --grade, or choose another --out")
     nbformat.write(nb, out)
@@ -232,12 +288,16 @@ def main(argv: list[str] | None = None) -> int:
             print(report)
             return 0
         out = args.out or Path(f"interview-{args.level}-{args.minutes}min.ipynb")
-        picks = write_interview(out, args.level, args.minutes, args.seed, args.exercises_dir)
+        seed = new_seed() if args.seed is None else args.seed
+        picks = write_interview(out, args.level, args.minutes, seed, args.exercises_dir)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"interview: {exc}", file=sys.stderr)
         return 2
     total = sum(p.question.minutes for p in picks)
-    print(f"wrote {out}: {len(picks)} questions, {total} of {args.minutes} minutes")
+    print(f"wrote {out}: {len(picks)} questions, {total} of {args.minutes} minutes, seed {seed} "
+          f"(--seed {seed} repeats this pick)")
+    for note in pick_notes(picks, args.level, args.minutes):
+        print(f"note: {note}")
     for p in picks:
         print(f"  {p.exercise}.{p.question.id} {p.question.title} ({p.question.level}, {p.question.minutes} min)")
     print(f"open it in JupyterLab; when time is up: python -m servelab.interview --grade {out}")
