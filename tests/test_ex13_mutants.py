@@ -13,6 +13,22 @@ MUTANTS = [
     ('q1', 'reuses the most recently freed block', 'block, _ = self.free_list.popitem(last=False)', 'block, _ = self.free_list.popitem(last=True)', ''),
     ('q1', 'frees a shared block at its first free', 'self.refs[block] -= 1\n        if self.refs[block] == 0:', 'self.refs[block] = 0\n        if True:', ''),
     ('q1', 'no double-free check', 'if self.refs[block] == 0:\n            raise ValueError(f"double free', 'if False:\n            raise ValueError(f"double free', ''),
+    ('q1', 'copies the free list to find its oldest block (O(n) per call)',
+     'block, _ = self.free_list.popitem(last=False)',
+     'block = list(self.free_list)[0]\n        del self.free_list[block]',
+     'grow with the pool'),
+    ('q1', 'an __init__ that only raises (passed the old visible check)',
+     'if num_blocks < 1:\n            raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")',
+     'if True:\n            raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")', ''),
+    ('q4', 'indexes the pool by the logical block number',
+     'block = torch.as_tensor(block_table)[pos // block_size]  # logical -> physical',
+     'block = pos // block_size', ''),
+    ('q4', 'attends over the whole last block (stale slots too)',
+     'pos = torch.arange(context_len)', 'pos = torch.arange(-(-context_len // block_size) * block_size)', ''),
+    ('q4', 'pairs query heads with KV heads round-robin',
+     'kv_head = torch.arange(n_heads) // (n_heads // n_kv)', 'kv_head = torch.arange(n_heads) % n_kv', ''),
+    ('q4', 'forgets the 1/sqrt(d) scale', 'scores = torch.einsum("hd,thd->ht", q, k) / d ** 0.5',
+     'scores = torch.einsum("hd,thd->ht", q, k)', ''),
     ('q2', 'hashes each block alone (no chain)', 'parent = hash((parent, block))', 'parent = hash((0, block))', ''),
     ('q2', 'hashes the partial last block too', 'for i in range(len(token_ids) // block_size):', 'for i in range(-(-len(token_ids) // block_size)):', ''),
     ('q3', 'counts hits after a miss', 'break               # a block is only valid after its exact past', 'continue', ''),
@@ -22,3 +38,14 @@ MUTANTS = [
 
 (test_the_solution_scores_every_question, test_each_classic_mistake_loses_its_question,
  test_every_question_has_two_or_more_mistakes) = mutant_tests(EXERCISE, MUTANTS)
+
+
+def test_the_visible_check_rejects_an_allocator_that_only_raises():
+    from servelab.grading import get_question, grade_question
+
+    class OnlyRaises:
+        def __init__(self, num_blocks):
+            raise ValueError("no")
+
+    q1 = get_question(EXERCISE, "q1")
+    assert not grade_question(q1, OnlyRaises, include_hidden=False).passed

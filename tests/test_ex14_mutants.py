@@ -78,3 +78,33 @@ def test_pipeline_read_time_mistakes_lose_q3():
 
     for mutant in (pipeline_divides_too, tensor_does_not_divide):
         assert not _passes("q3", mutant), mutant.__name__
+
+
+# ---------------------------------------------------------------- Q4: fewer KV heads than cards
+from mutants_common import SolutionMutants, lost  # noqa: E402
+
+Q4_MUTANTS = [
+    ("divides the cache by the cards past one head per card (a fraction of a head each)",
+     "return heads, [len(h) * per_head for h in heads]",
+     "return heads, [num_kv_heads / tp * per_head for h in heads]"),
+    ("forgets that a head stores a K and a V vector",
+     "per_head = 2 * head_dim * num_layers * bytes_per_value",
+     "per_head = head_dim * num_layers * bytes_per_value"),
+    ("gives the extra cards no heads (floor division)",
+     "heads = [[c // copies] for c in range(tp)]",
+     "heads = [list(range(c * (num_kv_heads // tp), (c + 1) * (num_kv_heads // tp))) for c in range(tp)]"),
+    ("deals heads round-robin instead of by consecutive query groups",
+     "heads = [[c // copies] for c in range(tp)]",
+     "heads = [[c % num_kv_heads] for c in range(tp)]"),
+]
+
+
+def test_the_q4_solution_passes():
+    m = SolutionMutants("ex14_splitting")
+    assert m.grade("q4", m.functions()).passed
+
+
+def test_q4_mistakes_lose_q4():
+    m = SolutionMutants("ex14_splitting")
+    for why, old, new in Q4_MUTANTS:
+        assert lost(m.grade("q4", m.functions(old, new))), why

@@ -24,6 +24,19 @@ MUTANTS = [
     ('q3', 'admits requests before they arrive', '               and pending[0][1] <= now):', '               and True):', ''),
     ('q3', 'static batching: no one joins a running batch', '               and pending[0][1] <= now):', '               and pending[0][1] <= now and not any(r[4] for r in running)):', ''),
     ('q3', 'measures the first token from time 0', 'ttft[r[0]] = now - r[1]        # first token minus arrival', 'ttft[r[0]] = now', ''),
+    ('q4', 'preempts the oldest request', 'victim = running.pop()', 'victim = running.pop(0)', 'first difference at [1]'),
+    ('q4', 'a preempted request goes to the back of the queue', 'waiting.insert(0, victim)',
+     'waiting.append(victim)', ''),
+    ('q4', 'admits on seats alone (ignores free blocks)',
+     'and need(waiting[0]) <= free):     # FCFS, no skipping', '):', ''),
+    ('q4', 'counts a block for the token not yet made',
+     'return -(-(len(prompt[rid]) + len(out[rid])) // block_size)',
+     'return -(-(len(prompt[rid]) + len(out[rid]) + 1) // block_size)', ''),
+    ('q4', 'raises at the memory wall instead of preempting', 'victim = running.pop()',
+     'raise RuntimeError("out of KV blocks")', 'RuntimeError'),
+    ('q4', 'admits a smaller request past a head that does not fit',
+     'and need(waiting[0]) <= free):     # FCFS, no skipping',
+     'and any(need(r) <= free for r in waiting)):\n            waiting.sort(key=lambda r: need(r) > free)', ''),
 ]
 
 

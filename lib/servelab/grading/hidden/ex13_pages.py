@@ -1,10 +1,12 @@
 """Exercise 13 · Pages and prefixes. Hidden tests.
 
-Q1 a reference-counted block allocator with LRU reuse, Q2 the chained prefix
-hash, Q3 how much of a prompt a prefix cache can skip. The reference answers
+Q1 a reference-counted block allocator with LRU reuse (in O(1)), Q2 the chained
+prefix hash, Q3 how much of a prompt a prefix cache can skip, Q4 decode attention
+gathered from block tables (checked against dense attention). The reference answers
 live here; expected values are computed from them.
 """
 import random
+import time
 
 from servelab.grading import Case, Question
 
@@ -83,11 +85,59 @@ def _q1_behaviour(cls):
             raise AssertionError(f"num_free={a.num_free} but {len(free_order)} blocks are free (a leak?)")
 
 
+_BIG_POOL = 1 << 20
+
+
+def _per_call_seconds(cls, num_blocks: int, rounds: int = 200, budget: float = 0.5) -> float:
+    """Seconds per allocate-or-free call on a pool of ``num_blocks`` (best of 3 runs of up to
+    ``rounds`` allocate-free pairs, each run cut short after ``budget`` seconds)."""
+    a = cls(num_blocks)
+    best = float("inf")
+    for _ in range(3):
+        start, done = time.perf_counter(), 0
+        while done < rounds and (done < 5 or time.perf_counter() - start < budget):
+            a.free(a.allocate())
+            done += 1
+        best = min(best, (time.perf_counter() - start) / (2 * done))
+    return best
+
+
+def _q1_constant_time(cls):
+    """allocate and free must not grow with the pool: a million blocks cost about what 64 do.
+    (A ratio of two timings on the same machine; an O(n) scan or list.pop(0) is hundreds of
+    times slower at this size, an O(1) structure within noise.)"""
+    small = _per_call_seconds(cls, 64)
+    for _ in range(2):
+        big = _per_call_seconds(cls, _BIG_POOL, budget=0.25)
+        if big < 6 * small or big < small + 2e-4:
+            return
+    raise AssertionError(f"allocate/free take {big * 1e6:,.0f} µs a call with {_BIG_POOL:,} blocks against "
+                         f"{small * 1e6:,.1f} µs with 64: they grow with the pool, and the spec asks for O(1) "
+                         "(no scan, no list.pop(0))")
+
+
+def _q1_visible(cls):
+    """The notebook's check: a small pool hands out blocks in order and takes them back."""
+    a = cls(3)
+    if a.num_free != 3:
+        raise AssertionError(f"a new allocator of 3 blocks reports num_free={a.num_free}")
+    got = [a.allocate(), a.allocate()]
+    if got != [0, 1]:
+        raise AssertionError(f"a fresh allocator should hand out blocks 0 then 1; got {got}")
+    a.free(0)
+    if a.num_free != 2:
+        raise AssertionError(f"after freeing one of two allocated blocks num_free should be 2, got {a.num_free}")
+
+
+def _q1_hidden(cls):
+    _q1_behaviour(cls)
+    _q1_constant_time(cls)
+
+
 Q1 = Question(
     id="q1", title="A block allocator with reference counts", function="BlockAllocator", points=4,
-    level="medium", minutes=15, test=_q1_behaviour,
-    visible=[Case(args=(0,), raises=ValueError, label="0 blocks (the notebook check; the grader "
-                  "then allocates, shares and frees)")],
+    level="medium", minutes=15, test=_q1_hidden, visible_test=_q1_visible, timeout=30.0,
+    visible=[Case(args=(0,), raises=ValueError, label="0 blocks")],
 )
 
 
@@ -150,4 +200,64 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+
+
+# --------------------------------------------------------------------------- Q4
+
+def _paged_attention(q, k_cache, v_cache, block_table, context_len):
+    """Reference: gather the context from the pool, then dense attention with grouped heads."""
+    import torch
+
+    n_heads, d = q.shape
+    block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
+    if context_len < 1 or len(block_table) * block_size < context_len or n_heads % n_kv:
+        raise ValueError("bad context length, block table or head counts")
+    pos = torch.arange(context_len)
+    blocks = torch.tensor(block_table)[pos // block_size]
+    k = k_cache[blocks, pos % block_size]            # [T, n_kv, d]
+    v = v_cache[blocks, pos % block_size]
+    group = n_heads // n_kv
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("hd,thd->ht", q, k) / d ** 0.5
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), v)
+
+
+def _pool(seed, num_blocks, block_size, n_kv, d, n_heads):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n_heads, d, generator=g, dtype=torch.float64),
+            torch.randn(num_blocks, block_size, n_kv, d, generator=g, dtype=torch.float64),
+            torch.randn(num_blocks, block_size, n_kv, d, generator=g, dtype=torch.float64))
+
+
+def _c13(seed, num_blocks, block_size, n_kv, d, n_heads, table, context_len, label):
+    q, k, v = _pool(seed, num_blocks, block_size, n_kv, d, n_heads)
+    return Case(args=(q, k, v, table, context_len),
+                expected=_paged_attention(q, k, v, table, context_len).tolist(),
+                rel=1e-6, abs=1e-9, label=label)
+
+
+def _bad13(table, context_len, n_heads=4, label=""):
+    q, k, v = _pool(0, 8, 4, 2, 8, n_heads)
+    return Case(args=(q, k, v, table, context_len), raises=ValueError, label=label)
+
+
+Q4 = Question(
+    id="q4", title="Decode attention straight from the block pool", function="paged_decode_attention",
+    points=5, level="hard", minutes=20,
+    visible=[_c13(0, 8, 4, 2, 8, 4, [5, 2, 7], 10, "3 blocks out of order, 10 tokens, 4 heads on 2 KV heads")],
+    hidden=[
+        _c13(1, 8, 4, 2, 8, 4, [3], 1, "one token"),
+        _c13(2, 8, 4, 2, 8, 4, [6, 1], 8, "two full blocks"),
+        _c13(3, 8, 4, 2, 8, 4, [6, 1, 4], 9, "one token into the third block: the rest of it is stale"),
+        _c13(4, 16, 2, 1, 4, 8, [15, 0, 7, 3, 9], 9, "multi-query: 8 heads share one KV head"),
+        _c13(5, 6, 8, 4, 4, 4, [2, 2], 12, "the same block twice (a shared prefix block)"),
+        _c13(6, 6, 4, 4, 8, 8, [0, 1, 2, 3, 4, 5], 23, "2 query heads per KV head, 23 tokens"),
+        _bad13([1, 2], 9, label="the table covers 8 tokens, the context has 9"),
+        _bad13([1], 0, label="an empty context"),
+        _bad13([1, 2], 5, n_heads=3, label="3 query heads on 2 KV heads"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]

@@ -65,5 +65,49 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
 assert math.isclose(_needed(4, 0.25), 9)
+
+
+# --------------------------------------------------------------------------- Q4
+
+def _kv_split(num_kv_heads, tp, head_dim, num_layers, bytes_per_value):
+    """Which KV heads each of ``tp`` cards holds, and the KV bytes per token on each card."""
+    for name, v in (("num_kv_heads", num_kv_heads), ("tp", tp), ("head_dim", head_dim),
+                    ("num_layers", num_layers)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer")
+    if bytes_per_value <= 0:
+        raise ValueError("bytes_per_value must be positive")
+    if num_kv_heads % tp and tp % num_kv_heads:
+        raise ValueError("the cards must split the KV heads evenly, or the KV heads the cards")
+    if tp <= num_kv_heads:
+        per = num_kv_heads // tp
+        heads = [list(range(c * per, (c + 1) * per)) for c in range(tp)]
+    else:  # fewer KV heads than cards: each head is replicated on tp / num_kv_heads cards
+        heads = [[c // (tp // num_kv_heads)] for c in range(tp)]
+    return heads, [2 * len(h) * head_dim * num_layers * bytes_per_value for h in heads]
+
+
+def _c4(*args, label=""):
+    return Case(args=args, expected=_kv_split(*args), label=label)
+
+
+Q4 = Question(
+    id="q4", title="Tensor parallelism with fewer KV heads than cards", function="kv_heads_per_card",
+    points=5, level="hard", minutes=15,
+    visible=[_c4(8, 4, 128, 32, 2, label="8 KV heads on 4 cards")],
+    hidden=[
+        _c4(8, 16, 128, 80, 2, label="Llama 3 70B's 8 KV heads on 16 cards: each head on two cards"),
+        _c4(2, 8, 64, 4, 1, label="2 KV heads on 8 cards"),
+        _c4(1, 4, 128, 2, 2, label="one KV head (multi-query): every card holds it"),
+        _c4(8, 8, 128, 1, 2, label="one head per card"),
+        _c4(8, 1, 128, 2, 1, label="one card holds everything"),
+        _c4(4, 2, 16, 3, 0.5, label="4-bit values"),
+        Case(args=(8, 3, 128, 2, 2), raises=ValueError, label="8 heads on 3 cards"),
+        Case(args=(3, 8, 128, 2, 2), raises=ValueError, label="3 heads on 8 cards"),
+        Case(args=(8, 0, 128, 2, 2), raises=ValueError, label="no cards"),
+        Case(args=(8, 4, 128, 2, 0), raises=ValueError, label="0 bytes per value"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]

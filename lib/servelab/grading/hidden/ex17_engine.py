@@ -336,4 +336,146 @@ Q3 = Question(
                   rel=1e-9, label="two requests, the second arrives while the first runs")],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+
+# --------------------------------------------------------------------------- Q4
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def _paged_engine(requests, num_blocks, block_size, max_batch_size, step_fn):
+    """Continuous batching under a KV-block budget, preemption by recompute of the newest."""
+    if max_batch_size < 1 or num_blocks < 1 or block_size < 1:
+        raise ValueError("max_batch_size, num_blocks and block_size must be at least 1")
+    for rid, prompt, n in requests:
+        if n < 1 or not prompt:
+            raise ValueError(f"request {rid!r}: an empty prompt or max_tokens < 1")
+        if _blocks(len(prompt) + n - 1, block_size) > num_blocks:
+            raise ValueError(f"request {rid!r} can never fit in {num_blocks} blocks")
+    prompts = {rid: list(p) for rid, p, _ in requests}
+    limit = {rid: n for rid, _, n in requests}
+    out = {rid: [] for rid, _, _ in requests}
+    waiting = [rid for rid, _, _ in requests]
+    running, held = [], {}
+    free, step = num_blocks, 0
+    preempted, used = [], []
+
+    def need(rid):
+        return _blocks(len(prompts[rid]) + len(out[rid]), block_size)
+
+    while waiting or running:
+        for rid in list(running):          # running requests grow first, oldest first
+            while rid in held and held[rid] < need(rid):
+                if free:
+                    held[rid] += 1
+                    free -= 1
+                else:                      # out of blocks: the newest request is recomputed later
+                    victim = running.pop()
+                    free += held.pop(victim)
+                    waiting.insert(0, victim)
+                    preempted.append((step, victim))
+        while waiting and len(running) < max_batch_size and need(waiting[0]) <= free:
+            rid = waiting.pop(0)           # first come, first served; no skipping the head
+            held[rid] = need(rid)
+            free -= held[rid]
+            running.append(rid)
+        used.append(num_blocks - free)
+        tokens = step_fn([(rid, prompts[rid] + out[rid]) for rid in running])
+        done = []
+        for rid, tok in zip(running, tokens):
+            if tok == EOS:
+                done.append(rid)
+                continue
+            out[rid].append(tok)
+            if len(out[rid]) >= limit[rid]:
+                done.append(rid)
+        for rid in done:
+            running.remove(rid)
+            free += held.pop(rid)
+        step += 1
+    return out, preempted, used
+
+
+def _stop_at_first(batch):
+    """Next token = 100 + context length; EOS once the context is as long as its first token says."""
+    return [EOS if ctx[0] and len(ctx) >= ctx[0] else 100 + len(ctx) for _, ctx in batch]
+
+
+def _reqs(*specs):
+    """(prompt length, max_tokens, stop length or 0) -> requests named a, b, c..."""
+    return [(chr(97 + i), [stop] + [1] * (plen - 1), n) for i, (plen, n, stop) in enumerate(specs)]
+
+
+_Q4_CASES = [  # label, requests, num_blocks, block_size, max_batch_size
+    ("plenty of memory: nothing waits, nothing is preempted",
+     _reqs((3, 4, 0), (2, 5, 0), (5, 2, 0)), 64, 4, 8),
+    ("the memory wall: only two prompts fit, the rest wait (no error)",
+     _reqs((4, 2, 0), (4, 2, 0), (4, 2, 0), (4, 2, 0), (4, 2, 0)), 2, 4, 8),
+    ("growth runs out of blocks: the newest request is preempted and recomputed",
+     _reqs((2, 6, 0), (2, 6, 0), (2, 6, 0)), 4, 2, 8),
+    ("the request that needs a block is itself the newest: it preempts itself",
+     _reqs((3, 3, 0), (4, 4, 0)), 4, 2, 8),
+    ("an end token frees its blocks for the next step",
+     _reqs((4, 8, 5), (4, 3, 0), (4, 3, 0)), 3, 4, 8),
+    ("the head of the queue does not fit: smaller requests behind it wait too",
+     _reqs((2, 6, 0), (7, 1, 0), (1, 2, 0)), 4, 2, 8),
+    ("seats run out before blocks", _reqs((1, 3, 0), (1, 3, 0), (1, 3, 0), (1, 3, 0)), 16, 4, 2),
+    ("many requests, tight memory", _reqs(*[(1 + (i * 7) % 5, 2 + (i * 5) % 7, 0) for i in range(10)]), 6, 2, 4),
+]
+
+
+def _q4_behaviour(func):
+    for label, requests, num_blocks, block_size, size in _Q4_CASES:
+        want = _paged_engine(requests, num_blocks, block_size, size, _stop_at_first)
+        calls = []
+        cap = 4 * sum(n for _, _, n in requests) + 20
+
+        def step(batch):
+            calls.append([rid for rid, _ in batch])
+            if len(calls) > cap:
+                raise _TooManySteps()
+            if len(batch) > size:
+                raise AssertionError(f"{label}: a step ran {len(batch)} requests, more than max_batch_size={size}")
+            return _stop_at_first(batch)
+
+        try:
+            got = func(requests, num_blocks, block_size, size, step)
+        except _TooManySteps:
+            raise AssertionError(f"{label}: still running after {cap} steps") from None
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise AssertionError(f"{label}: return (tokens, preempted, blocks_used)")
+        tokens, preempted, used = got
+        if dict(tokens) != want[0]:
+            bad = next(k for k in want[0] if dict(tokens).get(k) != want[0][k])
+            raise AssertionError(f"{label}: request {bad!r} got {dict(tokens).get(bad)}, expected {want[0][bad]}")
+        preempted = [tuple(p) for p in preempted]
+        if preempted != want[1]:
+            raise AssertionError(f"{label}: preempted (step, request) {preempted}, expected {want[1]}")
+        if list(used) != want[2]:
+            k = next((i for i, (g, w) in enumerate(zip(used, want[2])) if g != w), min(len(used), len(want[2])))
+            g = used[k] if k < len(used) else "nothing"
+            w = want[2][k] if k < len(want[2]) else "no such step"
+            raise AssertionError(f"{label}: blocks in use at step {k}: {g}, expected {w} "
+                                 f"({len(want[2])} steps in all)")
+    for bad, what in (((_reqs((2, 2, 0)), 4, 2, 0), "max_batch_size 0"),
+                      ((_reqs((2, 2, 0)), 0, 2, 4), "no blocks"),
+                      ((_reqs((2, 0, 0)), 4, 2, 4), "max_tokens 0"),
+                      ((_reqs((6, 4, 0)), 4, 2, 4), "a request that can never fit (9 tokens in 8 slots)")):
+        try:
+            func(*bad, _stop_at_first)
+        except ValueError:
+            continue
+        raise AssertionError(f"{what} must raise ValueError before any step")
+
+
+_Q4_VISIBLE = _Q4_CASES[2]
+
+Q4 = Question(
+    id="q4", title="Onsite: the engine under a KV-block budget", function="run_paged_engine",
+    points=8, level="hard", minutes=35, test=_q4_behaviour, timeout=20.0,
+    visible=[Case(args=(_Q4_VISIBLE[1], _Q4_VISIBLE[2], _Q4_VISIBLE[3], _Q4_VISIBLE[4], _stop_at_first),
+                  expected=_paged_engine(*_Q4_VISIBLE[1:], _stop_at_first),
+                  label="three requests outgrow 4 blocks of 2 tokens")],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
