@@ -91,3 +91,29 @@ def test_q2_mistakes_lose_q2(name, mutant):
 ])
 def test_q3_mistakes_lose_q3(name, mutant):
     assert not grade_question(ex.Q3, mutant).passed, name
+
+
+# ---------------------------------------------------------------- Q4: speculation as the batch grows
+from mutants_common import SolutionMutants, lost  # noqa: E402
+
+Q4_MUTANTS = [
+    ("verifies k + 1 tokens a sequence at the price of one",
+     "verify = target_pass(batch * (k + 1))   # k drafts + 1 per sequence", "verify = target_pass(batch)"),
+    ("counts 1 + a * k tokens a round", "return k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)",
+     "return 1 + alpha * k"),
+    ("leaves out the draft's own steps", "drafting = k * draft_fraction * target_pass(batch)", "drafting = 0.0"),
+    ("divides by zero at a = 1", "return k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)",
+     "return (1 - alpha ** (k + 1)) / (1 - alpha)"),
+    ("keeps the larger k on a tie", "if speedup > best * (1 + 1e-12):", "if speedup >= best:"),
+]
+
+
+def test_the_q4_solution_passes():
+    m = SolutionMutants("ex20_speculative")
+    assert m.grade("q4", m.functions()).passed
+
+
+@pytest.mark.parametrize("why, old, new", Q4_MUTANTS, ids=[m[0] for m in Q4_MUTANTS])
+def test_q4_mistakes_lose_q4(why, old, new):
+    m = SolutionMutants("ex20_speculative")
+    assert lost(m.grade("q4", m.functions(old, new))), why

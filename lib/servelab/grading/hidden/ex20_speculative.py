@@ -71,4 +71,60 @@ Q3 = Question(
        Case(args=(0.5, 0.1, 0), raises=ValueError, label="k_max = 0")],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+# ------------------------------------------------------------------ Q4
+
+def _plan(alpha, batch, max_k, read_seconds, token_seconds, draft_fraction):
+    """Best draft length for a batch under a roofline step model, and its speed-up."""
+    if not 0 <= alpha <= 1:
+        raise ValueError("alpha must be in [0, 1]")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError("batch must be a positive integer")
+    if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
+        raise ValueError("max_k must be a non-negative integer")
+    if read_seconds <= 0 or token_seconds <= 0 or draft_fraction < 0:
+        raise ValueError("times must be positive and the draft fraction non-negative")
+
+    def target(tokens):
+        return max(read_seconds, tokens * token_seconds)
+
+    plain = batch / target(batch)
+    best_k, best = 0, 1.0
+    for k in range(1, max_k + 1):
+        per_seq = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+        rate = batch * per_seq / (k * draft_fraction * target(batch) + target(batch * (k + 1)))
+        if rate / plain > best * (1 + 1e-12):
+            best_k, best = k, rate / plain
+    return best_k, best
+
+
+_SPEC = (0.02, 2e-5, 0.05)   # a 20 ms weight read, 20 us of compute per token, a 5% draft
+
+
+def _c20(alpha, batch, max_k, label="", spec=_SPEC):
+    args = (alpha, batch, max_k) + spec
+    return Case(args=args, expected=_plan(*args), rel=1e-9, label=label)
+
+
+Q4 = Question(
+    id="q4", title="When speculation stops paying as the batch grows", function="plan_speculation",
+    points=5, level="hard", minutes=20,
+    visible=[_c20(0.8, 1, 8, "batch 1: the target pass is a weight read")],
+    hidden=[
+        _c20(0.8, 64, 8, "batch 64: still reading weights, longer drafts cost little"),
+        _c20(0.8, 400, 8, "batch 400: verifying k + 1 tokens a sequence makes the pass compute-bound"),
+        _c20(0.8, 2000, 8, "batch 2,000: compute-bound already, speculation never pays"),
+        _c20(0.6, 200, 8, "a weaker draft at a middling batch"),
+        _c20(1.0, 16, 6, "every draft accepted (no division by zero)"),
+        _c20(0.0, 1, 6, "nothing accepted: do not speculate"),
+        _c20(0.9, 1, 0, "max_k 0"),
+        _c20(0.7, 100, 12, "no draft cost", spec=(0.02, 2e-5, 0.0)),
+        _c20(0.0, 1, 5, "a free draft that is never accepted: a speed-up of exactly 1 is not worth it",
+             spec=(0.02, 2e-5, 0.0)),
+        Case(args=(1.5, 1, 4) + _SPEC, raises=ValueError, label="alpha above 1"),
+        Case(args=(0.5, 0, 4) + _SPEC, raises=ValueError, label="batch 0"),
+        Case(args=(0.5, 4, -1) + _SPEC, raises=ValueError, label="negative max_k"),
+        Case(args=(0.5, 4, 4, 0.0, 2e-5, 0.05), raises=ValueError, label="a zero read time"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
