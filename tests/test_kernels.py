@@ -122,3 +122,30 @@ def test_overlap_measurement_shape():
     out = K.overlap_measurement(n=64, copy_mb=1, repeats=2)
     assert out["sum_s"] == pytest.approx(out["compute_s"] + out["copy_s"])
     assert out["together_s"] > 0 and math.isfinite(out["hidden"])
+
+
+def test_decode_attention_grid_llama_70b_on_h100():
+    g = K.decode_attention_grid(1, 64, 8, 8192)
+    assert g["blocks"] == 8 and g["query_rows"] == 8
+    assert g["tile_rows_used"] == 8 / 128
+    assert g["splits"] == 17 and g["blocks_split"] == 136 >= K.H100_SMS
+    assert g["keys_per_split"] == -(-8192 // 17)
+
+
+def test_decode_attention_grid_no_split_when_the_batch_fills_the_chip():
+    g = K.decode_attention_grid(32, 64, 8, 4096)
+    assert g["blocks"] == 256 and g["splits"] == 1 and g["keys_per_split"] == 4096
+
+
+def test_decode_attention_grid_splits_at_most_one_per_key_block():
+    g = K.decode_attention_grid(1, 8, 8, 200, block_k=128)
+    assert g["splits"] == 2
+
+
+@pytest.mark.parametrize("bad", [dict(batch=0), dict(kv_heads=3), dict(context=1.5),
+                                 dict(sms=True)])
+def test_decode_attention_grid_rejects_bad_input(bad):
+    args = dict(batch=1, query_heads=64, kv_heads=8, context=8192)
+    args.update(bad)
+    with pytest.raises(ValueError):
+        K.decode_attention_grid(**args)

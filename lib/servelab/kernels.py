@@ -43,7 +43,7 @@ __all__ = [
     "Op", "SEQUENCES", "bytes_moved", "rmsnorm_residual", "swiglu", "fusion_measurement",
     "op_overhead_seconds", "count_ops", "decode_step", "step_overhead", "compile_step",
     "flash_attention", "tile_bytes", "H100_SMEM_PER_SM", "H100_L1_SMEM_PER_SM", "H100_REGISTERS_PER_SM",
-    "H100_SMS", "overlap_measurement", "time_call",
+    "H100_SMS", "overlap_measurement", "time_call", "decode_attention_grid",
 ]
 
 # ---------------------------------------------------------------- on-chip memory (public figures)
@@ -355,6 +355,37 @@ def tile_bytes(block_q: int, block_k: int, head_dim: int, bytes_per_element: flo
              "row_stats": 2 * block_q * accumulator_bytes}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def decode_attention_grid(batch: int, query_heads: int, kv_heads: int, context: int,
+                          sms: int = H100_SMS, block_q: int = 128,
+                          block_k: int = 128) -> dict[str, float]:
+    """How one decode step's attention fills a GPU, before and after split-KV.
+
+    A FlashAttention-style kernel gives a thread block to each (sequence, KV
+    head, query tile). At decode each sequence brings one new query per head;
+    packing the ``query_heads // kv_heads`` heads that share a KV head (GQA)
+    as the rows of one tile gives ``batch * kv_heads`` thread blocks, each
+    using that many of the tile's ``block_q`` rows. Flash-Decoding (split-KV)
+    also splits the ``context`` keys into chunks, each its own thread block,
+    and merges the partial outputs with their softmax statistics: ``splits``
+    is the fewest chunks that give each of ``sms`` SMs a block, at most one
+    per key block. Pure arithmetic: no GPU needed.
+    """
+    for name, v in (("batch", batch), ("query_heads", query_heads), ("kv_heads", kv_heads),
+                    ("context", context), ("sms", sms), ("block_q", block_q),
+                    ("block_k", block_k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {v!r}")
+    if query_heads % kv_heads:
+        raise ValueError(f"query_heads ({query_heads}) must be a multiple of kv_heads "
+                         f"({kv_heads}): each KV head serves a whole group of query heads")
+    rows = query_heads // kv_heads
+    blocks = batch * kv_heads
+    splits = max(1, min(-(-sms // blocks), -(-context // block_k)))
+    return {"blocks": blocks, "query_rows": rows, "tile_rows_used": min(rows, block_q) / block_q,
+            "splits": splits, "blocks_split": blocks * splits,
+            "keys_per_split": -(-context // splits)}
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
