@@ -24,6 +24,14 @@ MUTANTS = [
      "if best_busy is None or busy <= best_busy:", ""),
     ("q2", "balances the less busy pool", "busy = max(prefill_load / p, decode_load / (gpus - p))",
      "busy = min(prefill_load / p, decode_load / (gpus - p))", ""),
+    ('q3', 'time to first token without the queue', 'first = max(arrival, free_at[card]) + prompt / prefill_tokens_per_second',
+     'first = arrival + prompt / prefill_tokens_per_second', ''),
+    ('q3', 'an off-by-one percentile rank', 'p95 = sorted(ttfts)[math.ceil(0.95 * len(ttfts)) - 1]',
+     'p95 = sorted(ttfts)[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)))]', ''),
+    ('q3', "decode seats without the step's fixed part", 'seats = math.floor((tpot - step_base) / step_per_seq + 1e-9)  # per decode card',
+     'seats = math.floor(tpot / step_per_seq + 1e-9)', ''),
+    ('q3', 'decoding starts at arrival', 'events += [(first, 1), (first + (output - 1) * tpot, -1)]',
+     'events += [(arrival, 1), (first + (output - 1) * tpot, -1)]', ''),
 ]
 
 

@@ -49,4 +49,88 @@ Q2 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2]
+# --------------------------------------------------------------------------- Q3
+
+def _split_for_trace(trace, total_cards, prefill_tokens_per_second, step_base, step_per_seq,
+                     ttft_p95, tpot):
+    """Fewest prefill cards of ``total_cards`` that keep both promises for ``trace``, or None."""
+    import math
+
+    if isinstance(total_cards, bool) or not isinstance(total_cards, int) or total_cards < 2:
+        raise ValueError("need at least two cards (one per pool)")
+    if prefill_tokens_per_second <= 0 or step_base < 0 or step_per_seq <= 0 or ttft_p95 <= 0:
+        raise ValueError("rates and times must be positive")
+    seats = math.floor((tpot - step_base) / step_per_seq + 1e-9)
+    if seats < 1:
+        raise ValueError("no decode step meets the TPOT promise")
+    times = [t for t, _, _ in trace]
+    if times != sorted(times) or any(p < 1 or o < 1 for _, p, o in trace):
+        raise ValueError("the trace must be sorted, with positive prompt and output lengths")
+    if not trace:
+        return (1, total_cards - 1)
+    for prefill in range(1, total_cards):
+        free_at = [0.0] * prefill
+        ttft, events = [], []
+        for arrival, prompt, output in trace:
+            card = min(range(prefill), key=lambda c: (free_at[c], c))
+            done = max(arrival, free_at[card]) + prompt / prefill_tokens_per_second
+            free_at[card] = done
+            ttft.append(done - arrival)
+            events += [(done, 1), (done + (output - 1) * tpot, -1)]
+        p95 = sorted(ttft)[math.ceil(0.95 * len(ttft)) - 1]
+        if p95 > ttft_p95 + 1e-12:
+            continue
+        live = peak = 0
+        for _, change in sorted(events, key=lambda e: (e[0], e[1])):   # ends before starts
+            live += change
+            peak = max(peak, live)
+        if (total_cards - prefill) * seats >= peak:
+            return (prefill, total_cards - prefill)
+    return None
+
+
+def _trace(n, gap, prompt, output, burst_every=0, seed=0):
+    import random
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += 0.0 if burst_every and i % burst_every else gap
+        out.append((round(t, 6), prompt + rng.randrange(0, prompt // 2 + 1), output + rng.randrange(0, output + 1)))
+    return out
+
+
+_STEP = (4000.0, 0.010, 0.0005)   # prefill tokens/s per card; decode step = 10 ms + 0.5 ms a sequence
+
+
+def _c18(trace, cards, ttft, tpot, label):
+    args = (trace, cards) + _STEP + (ttft, tpot)
+    return Case(args=args, expected=_split_for_trace(*args), label=label)
+
+
+_STEADY = _trace(60, 0.25, 2000, 200)
+_BURSTY = _trace(60, 1.5, 2000, 200, burst_every=6, seed=1)
+
+Q3 = Question(
+    id="q3", title="Disaggregate: split the cards for a trace and two promises", function="split_for_trace",
+    points=6, level="hard", minutes=25,
+    visible=[_c18(_STEADY, 5, 1.0, 0.02, "60 requests, one every 250 ms, 5 cards")],
+    hidden=[
+        _c18(_STEADY, 6, 1.0, 0.012, "a tighter TPOT promise: too few decode seats (None)"),
+        _c18(_STEADY, 8, 1.0, 0.012, "a tighter TPOT promise with 8 cards"),
+        _c18(_BURSTY, 12, 1.0, 0.02, "bursts of six: the queue, not the average, sets the p95"),
+        _c18(_BURSTY, 12, 1.5, 0.02, "bursts with a looser first-token promise"),
+        _c18(_BURSTY, 8, 1.0, 0.02, "bursts on 8 cards"),
+        _c18(_trace(40, 0.1, 2000, 60), 6, 4.0, 0.015,
+             "a long prefill queue: a request takes a decode seat at its first token, not at arrival"),
+        _c18([(float(i), 400, 20) for i in range(19)] + [(19.0, 8000, 20)], 4, 1.0, 0.02,
+             "one slow prompt in 20 is the top 5%: the nearest-rank p95 is the 19th of 20"),
+        _c18(_STEADY[:1], 2, 1.0, 0.02, "one request"),
+        _c18([], 3, 1.0, 0.02, "no requests: one prefill card is the fewest"),
+        _c18(_trace(20, 0.5, 1000, 1, seed=2), 6, 1.0, 0.012, "one output token: no decoding at all"),
+        Case(args=(_STEADY, 1) + _STEP + (1.0, 0.05), raises=ValueError, label="one card"),
+        Case(args=(_STEADY, 8) + _STEP + (1.0, 0.0101), raises=ValueError, label="no step meets the TPOT"),
+        Case(args=(list(reversed(_STEADY)), 8) + _STEP + (1.0, 0.05), raises=ValueError, label="unsorted trace"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3]
