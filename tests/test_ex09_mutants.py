@@ -19,6 +19,13 @@ MUTANTS = [
     ('q3', 'adds a decode step before the first token', 'return queue_seconds + prefill + (tokens - 1) * step_seconds', 'return queue_seconds + prefill + tokens * step_seconds', ''),
     ('q3', 'a fully cached prompt computes nothing', 'fresh = max(prompt_tokens - cached_tokens, 1)', 'fresh = prompt_tokens - cached_tokens', ''),
     ('q3', 'forgets the queue', 'return queue_seconds + prefill + (tokens - 1) * step_seconds', 'return prefill + (tokens - 1) * step_seconds', ''),
+    ('q4', 'requests join a running static batch', 'if continuous or not running:         # static: only when idle',
+     'if True:', ''),
+    ('q4', 'the first token stamped at the start of its step', 'ttft[i] = clock - arrivals[i][0]',
+     'ttft[i] = clock - step_seconds - arrivals[i][0]', ''),
+    ('q4', 'requests admitted before they arrive', 'and arrivals[waiting[0]][0] <= clock + 1e-12):', '):', ''),
+    ('q4', 'an off-by-one percentile rank', 'rank = math.ceil(0.95 * len(arrivals)) - 1    # nearest rank',
+     'rank = min(len(arrivals) - 1, math.ceil(0.95 * len(arrivals)))', ''),
 ]
 
 

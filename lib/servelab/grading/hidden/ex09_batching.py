@@ -99,4 +99,79 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+# --------------------------------------------------------------------------- Q4
+
+def _first_token_times(arrivals, max_batch, step_seconds, continuous):
+    """Time to first token of each request, static or continuous batching, one replica."""
+    waiting = list(range(len(arrivals)))
+    running, left, ttft = [], {}, [None] * len(arrivals)
+    clock = 0.0
+    while waiting or running:
+        if not running:
+            clock = max(clock, arrivals[waiting[0]][0])
+        if continuous or not running:
+            while waiting and len(running) < max_batch and arrivals[waiting[0]][0] <= clock + 1e-12:
+                i = waiting.pop(0)
+                running.append(i)
+                left[i] = arrivals[i][1]
+        clock += step_seconds
+        for i in running:
+            if ttft[i] is None:
+                ttft[i] = clock - arrivals[i][0]
+            left[i] -= 1
+        running = [i for i in running if left[i] > 0]
+    return ttft
+
+
+def _p95_both(arrivals, max_batch, step_seconds):
+    import math
+
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError("max_batch must be a positive integer")
+    if step_seconds <= 0:
+        raise ValueError("step_seconds must be positive")
+    times = [t for t, _ in arrivals]
+    if not arrivals or times != sorted(times) or any(n < 1 for _, n in arrivals):
+        raise ValueError("need a sorted, non-empty trace with outputs of at least one token")
+    rank = math.ceil(0.95 * len(arrivals)) - 1
+    return tuple(sorted(_first_token_times(arrivals, max_batch, step_seconds, c))[rank] for c in (False, True))
+
+
+def _mixed_trace(n, seed):
+    import random
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.choice([0.0, 0.0, 0.01, 0.05, 0.2])
+        out.append((round(t, 4), rng.choice([1, 2, 5, 40, 120])))
+    return out
+
+
+def _c9(arrivals, max_batch, step_seconds, label):
+    return Case(args=(arrivals, max_batch, step_seconds), expected=_p95_both(arrivals, max_batch, step_seconds),
+                rel=1e-9, abs=1e-12, label=label)
+
+
+_Q4_VISIBLE = [(0.0, 100), (0.01, 3), (0.02, 3), (0.5, 2)]
+
+Q4 = Question(
+    id="q4", title="First-token p95: static against continuous batching", function="first_token_p95",
+    points=5, level="hard", minutes=20,
+    visible=[_c9(_Q4_VISIBLE, 2, 0.02, "a long answer holds a static batch")],
+    hidden=[
+        _c9(_mixed_trace(40, 1), 8, 0.02, "40 requests, mixed lengths, 8 seats"),
+        _c9(_mixed_trace(40, 2), 4, 0.03, "40 requests, 4 seats"),
+        _c9(_mixed_trace(21, 3), 32, 0.02, "more seats than requests at any time"),
+        _c9([(0.0, 5)], 4, 0.02, "one request: both policies agree"),
+        _c9([(0.0, 1)] * 10, 3, 0.01, "ten at once, one token each"),
+        _c9([(0.0, 50), (0.0, 1), (0.001, 1), (0.002, 1)], 2, 0.01,
+            "arrivals during a step join at the next boundary"),
+        _c9([(float(i), 2) for i in range(20)], 1, 0.25, "one seat: no batching at all"),
+        Case(args=([], 4, 0.02), raises=ValueError, label="no requests"),
+        Case(args=([(0.0, 2)], 0, 0.02), raises=ValueError, label="no seats"),
+        Case(args=([(1.0, 2), (0.0, 2)], 2, 0.02), raises=ValueError, label="unsorted"),
+        Case(args=([(0.0, 0)], 2, 0.02), raises=ValueError, label="an empty answer"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
