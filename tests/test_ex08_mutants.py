@@ -18,6 +18,15 @@ MUTANTS = [
     ('q3', 'forgets the bytes per parameter', 'return ridge * bytes_per_param / 2', 'return ridge / 2', ''),
     ('q3', 'forgets the 2 operations per weight', 'return ridge * bytes_per_param / 2', 'return ridge * bytes_per_param', ''),
     ('q3', 'divides by the bytes per parameter', 'return ridge * bytes_per_param / 2', 'return ridge / bytes_per_param / 2', ''),
+    ('q4', 'the ridge batch without the cache',
+     'per_seq = 2 * params * bandwidth - peak_flops * context * kv_bytes_per_token',
+     'per_seq = 2 * params * bandwidth', ''),
+    ('q4', 'one operation per parameter', 'per_seq = 2 * params * bandwidth - peak_flops * context * kv_bytes_per_token',
+     'per_seq = params * bandwidth - peak_flops * context * kv_bytes_per_token', ''),
+    ('q4', 'rounds down', 'return max(1, math.ceil(peak_flops * weights / per_seq - 1e-9))',
+     'return max(1, math.floor(peak_flops * weights / per_seq))', ''),
+    ('q4', 'no None when the cache outgrows the compute', 'if per_seq <= 0:        # each sequence adds more reading than computing',
+     'if per_seq == 0:', ''),
 ]
 
 

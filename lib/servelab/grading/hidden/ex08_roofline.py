@@ -57,4 +57,47 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+# --------------------------------------------------------------------------- Q4
+
+def _compute_bound_batch(params, bytes_per_param, kv_bytes_per_token, context, peak_flops, bandwidth):
+    """Smallest batch whose decode step is compute-bound once every sequence's KV cache is read, or None."""
+    import math
+
+    for name, v in (("params", params), ("bytes_per_param", bytes_per_param), ("peak_flops", peak_flops),
+                    ("bandwidth", bandwidth)):
+        if v <= 0:
+            raise ValueError(f"{name} must be positive")
+    if kv_bytes_per_token < 0 or context < 0:
+        raise ValueError("KV bytes and context cannot be negative")
+    gain = 2 * params * bandwidth - peak_flops * context * kv_bytes_per_token   # per sequence
+    if gain <= 0:
+        return None
+    b = peak_flops * params * bytes_per_param / gain
+    return max(1, math.ceil(b - 1e-9))
+
+
+def _c8(*args, label=""):
+    return Case(args=args, expected=_compute_bound_batch(*args), label=label)
+
+
+_H100 = (989e12, 3.35e12)   # dense bf16 peak, HBM3 bandwidth
+
+Q4 = Question(
+    id="q4", title="Does a bigger batch ever make decode compute-bound?", function="compute_bound_batch",
+    points=5, level="hard", minutes=15,
+    visible=[_c8(8e9, 2, 131_072, 100, *_H100, label="Llama 3 8B in bf16 at 100 tokens of context, H100")],
+    hidden=[
+        _c8(8e9, 2, 131_072, 0, *_H100, label="no context: the plain ridge-point batch"),
+        _c8(8e9, 2, 131_072, 1000, *_H100, label="1,000 tokens: the cache reads outgrow the compute (None)"),
+        _c8(70e9, 2, 327_680, 4000, *_H100, label="Llama 3 70B at 4,000 tokens"),
+        _c8(70e9, 1, 163_840, 2000, *_H100, label="8-bit weights and cache"),
+        _c8(1e9, 2, 0, 5000, *_H100, label="no KV cache at all"),
+        _c8(1e12, 2, 10, 10, 1e6, 1e12, label="a chip with more bandwidth than compute: batch 1"),
+        _c8(3.35e12 / 2, 1, 0, 0, 3.35e12, 3.35e12, label="exactly on the ridge at batch 1 (no float noise)"),
+        Case(args=(0, 2, 131_072, 1000) + _H100, raises=ValueError, label="no parameters"),
+        Case(args=(8e9, 2, -1, 1000) + _H100, raises=ValueError, label="negative KV bytes"),
+        Case(args=(8e9, 2, 131_072, 1000, 0, 3.35e12), raises=ValueError, label="no compute"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
