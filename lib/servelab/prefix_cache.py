@@ -16,8 +16,10 @@ How a block is named: a block's key is a hash of
 
 Only *full* blocks are cached: a partial block is still being written.
 A hit also compares the stored token ids and the stored parent key, so even a
-hash collision can never hand a request someone else's KV (the same tokens
-after a different past are a different block). That check is this library's
+hash collision can never hand a request KV computed for different tokens (the same
+tokens after a different past are a different block). The salt is not stored: two
+tenants whose salted first-block keys collided, with the same tokens, would share
+blocks, so tenant separation still rests on the hash. That check is this library's
 choice: vLLM finds a block by its hash alone and relies on the hash (SHA-256
 by default in recent versions; earlier ones used Python's ``hash()``, whose
 predictable values drew a security advisory) to make collisions vanishingly rare.
