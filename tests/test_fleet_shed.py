@@ -51,3 +51,17 @@ def test_shed_rejects_bad_settings():
         fleet.shed(tr, 10_000, batch_reserve=1.0)
     with pytest.raises(ValueError, match="capacity"):
         fleet.shed(tr, 0)
+
+
+def test_output_weight_counts_decode_tokens_as_dearer_work():
+    """A decode token costs several prompt tokens of chip time (chapter 24's ratio)."""
+    tr = _trace()
+    pri = (np.arange(len(tr)) % 2).astype(int)
+    alike, _ = fleet.shed(tr, 10_000, priority=pri)
+    dear, _ = fleet.shed(tr, 10_000, priority=pri, output_weight=4.0)
+    assert dear.sum() < alike.sum()                    # the same capacity holds fewer requests
+    keep, out = fleet.shed(tr, 10_000, policy="cap_output", output_weight=4.0, min_output=16)
+    work = (tr.prompt_tokens + 4.0 * out).sum()
+    assert keep.all() and work <= 10_000 * (tr.duration_s + 10.0) + 4.0 * 16 * len(tr)
+    with pytest.raises(ValueError, match="output_weight"):
+        fleet.shed(tr, 10_000, output_weight=0)

@@ -212,11 +212,16 @@ def serve(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = No
 # ---------------------------------------------------------------------------
 
 def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: str = "drop_lowest",
-         window_s: float = 10.0, min_output: int = 16, batch_reserve: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+         window_s: float = 10.0, min_output: int = 16, batch_reserve: float = 0.1,
+         output_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Load shedding in front of the pool. Returns (kept mask, output tokens after capping).
 
-    Work is counted in tokens (prompt + output) against an allowance that
-    refills continuously at ``capacity_tokens_per_s`` and holds at most
+    Work is counted in prompt-token equivalents, ``prompt + output_weight x
+    output``: a decode token costs several prompt tokens of chip time (one step
+    shared by the batch against a share of one prefill pass; about 3.9x for
+    chapter 24's example replica, ``cost.chat_cost().output_to_input_ratio``),
+    so pass that ratio; the default 1.0 counts them alike. The work is held against an allowance that
+    refills continuously at ``capacity_tokens_per_s`` (in the same units) and holds at most
     ``window_s`` seconds of it (a token bucket, starting full). ``drop_lowest``:
     an interactive request (priority 0) is admitted while the allowance holds its
     work; a batch request (priority 1) only while the allowance would keep a
@@ -229,6 +234,9 @@ def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: s
         raise ValueError(f"capacity_tokens_per_s must be positive, got {capacity_tokens_per_s!r}")
     if policy not in ("drop_lowest", "cap_output"):
         raise ValueError(f"policy must be 'drop_lowest' or 'cap_output', got {policy!r}")
+    if isinstance(output_weight, bool) or not isinstance(output_weight, (int, float)) or not output_weight > 0:
+        raise ValueError(f"output_weight must be a positive number of prompt tokens per output token, "
+                         f"got {output_weight!r}")
     if not window_s > 0 or not 0 <= batch_reserve < 1:
         raise ValueError(f"window_s must be positive and batch_reserve in [0, 1), got {window_s!r}, "
                          f"{batch_reserve!r}")
@@ -243,14 +251,15 @@ def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: s
     for i, t in enumerate(trace.arrival_s.tolist()):
         level = min(burst, level + (t - last) * capacity_tokens_per_s)
         last = t
-        work = float(trace.prompt_tokens[i] + out[i])
+        work = float(trace.prompt_tokens[i] + output_weight * out[i])
         if policy == "drop_lowest":
             if level < work + (reserve if low[i] else 0.0):
                 keep[i] = False
                 continue
         elif level < work:
-            out[i] = int(max(min_output, min(out[i], level - trace.prompt_tokens[i])))
-            work = float(trace.prompt_tokens[i] + out[i])
+            room = (level - trace.prompt_tokens[i]) / output_weight
+            out[i] = int(max(min_output, min(out[i], room)))
+            work = float(trace.prompt_tokens[i] + output_weight * out[i])
         level -= work
     return keep, out
 
