@@ -115,6 +115,12 @@ _MARLIN = ("Elias Frantar, Roberto L. Castro, Jiale Chen, Torsten Hoefler and Da
            "Mixed-Precision Auto-Regressive Parallel Inference on Large Language Models\" (2024), and its "
            "README (IST-DASLab/marlin)", "https://github.com/IST-DASLab/marlin")
 
+_SGLANG_V04 = ("LMSYS Org, \"SGLang v0.4: Zero-Overhead Batch Scheduler, Cache-Aware Load Balancer, Faster "
+               "Structured Outputs\" (December 2024)", "https://lmsys.org/blog/2024-12-04-sglang-v0-4/")
+_DYNAMO_ROUTER = ("NVIDIA Dynamo documentation, \"KV Cache Routing\" (the KV-aware router)",
+                  "https://docs.nvidia.com/dynamo/latest/router/kv_cache_routing.html")
+_LLM_D_KV = ("llm-d documentation, \"KV Cache Management\" (prefix-cache aware routing in the llm-d Router)",
+             "https://llm-d.ai/docs/architecture/advanced/kv-management")
 
 def _s(key, value, unit, what, work, note=""):
     return Source(key, float(value), unit, what, work[0], work[1], note)
@@ -304,6 +310,18 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("marlin_batch_high", 32, "tokens",
        "Marlin's FP16xINT4 kernel keeps close to its ideal 4x speedup up to batches of 16-32 tokens "
        "(high end)", _MARLIN),
+    # Routing a fleet by cache (chapter 22)
+    _s("sglang_router_throughput", 1.9, "x",
+       "throughput gain of SGLang's cache-aware load balancer (sgl-router) over a cache-blind one, "
+       "up to", _SGLANG_V04),
+    _s("sglang_router_hit_rate", 3.8, "x",
+       "cache hit rate of SGLang's cache-aware load balancer against a cache-blind one", _SGLANG_V04),
+    _s("dynamo_kv_overlap_weight", 1, "weight",
+       "default weight (--kv-overlap-score-weight) of the prefix-cache overlap against load in the cost "
+       "by which NVIDIA Dynamo's KV router picks a worker; 0 is pure load balancing", _DYNAMO_ROUTER),
+    _s("llm_d_prefix_routing_modes", 2, "implementations",
+       "prefix-cache aware routing implementations in the llm-d Router: approximate (from its own "
+       "routing history) and precise (from the engines' KV-cache events)", _LLM_D_KV),
 ]}
 
 
