@@ -18,6 +18,12 @@ MUTANTS = [
     ('q2', 'one operation per parameter', 'seconds_per_fresh_token = 2 * params / (num_chips * flops_per_chip * efficiency)', 'seconds_per_fresh_token = params / (num_chips * flops_per_chip * efficiency)', ''),
     ('q3', 'inverts the ratio', 'return output_chip_seconds / input_chip_seconds', 'return input_chip_seconds / output_chip_seconds', ''),
     ('q3', 'forgets the chips in the output token', 'output_chip_seconds = num_chips * step_seconds / batch', 'output_chip_seconds = step_seconds / batch', ''),
+    ('q4', 'the caches neither fill memory nor slow the step',
+     'read = weights_bytes + batch * context * kv_bytes_per_token', 'read = weights_bytes', ''),
+    ('q4', "a step's whole chip time charged to one token", 'chip_seconds = chips * step / batch           # per output token',
+     'chip_seconds = chips * step', ''),
+    ('q4', 'one chip reads at the whole replica\'s pace twice over', 'step = read / (chips * bandwidth)   # the chips read in parallel',
+     'step = read / (chips * chips * bandwidth)', ''),
 ]
 
 

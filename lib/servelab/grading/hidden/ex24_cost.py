@@ -141,4 +141,53 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+# --------------------------------------------------------------------------- Q4
+
+def _cheapest(weights_bytes, kv_bytes_per_token, context, chip_memory, bandwidth, price_per_chip_hour,
+              tpot, chip_counts, max_batch):
+    """Cheapest (chips, batch, dollars per million output tokens) that fits and keeps the TPOT promise."""
+    if min(weights_bytes, chip_memory, bandwidth, price_per_chip_hour, tpot) <= 0:
+        raise ValueError("sizes, bandwidth, price and tpot must be positive")
+    if kv_bytes_per_token < 0 or context < 0 or max_batch < 1 or not chip_counts or min(chip_counts) < 1:
+        raise ValueError("bad KV size, context, batch cap or chip counts")
+    best = None
+    for chips in sorted(set(chip_counts)):
+        for batch in range(1, max_batch + 1):
+            cache = batch * context * kv_bytes_per_token
+            if weights_bytes + cache > chips * chip_memory:
+                break                          # larger batches do not fit either
+            step = (weights_bytes + cache) / (chips * bandwidth)
+            if step > tpot:
+                break                          # and are slower still
+            dollars = chips * price_per_chip_hour / 3600 * step / batch * 1e6
+            if best is None or dollars < best[2] * (1 - 1e-12):
+                best = (chips, batch, dollars)
+    return best
+
+
+def _c24(*args, label=""):
+    return Case(args=args, expected=_cheapest(*args), rel=1e-9, label=label)
+
+
+_B200 = (192e9, 8e12, 6.69)        # an example chip: memory, bandwidth, price per chip-hour (inputs, not specs)
+
+Q4 = Question(
+    id="q4", title="The cheapest replica that keeps a TPOT promise", function="cheapest_replica",
+    points=5, level="hard", minutes=20,
+    visible=[_c24(140e9, 327_680, 4000, *_B200, 0.05, [1, 2, 4, 8], 1024,
+                  label="a 70B model in bf16 at 4,000 tokens, 50 ms")],
+    hidden=[
+        _c24(140e9, 327_680, 4000, *_B200, 0.015, [1, 2, 4, 8], 1024, label="a 15 ms promise"),
+        _c24(140e9, 327_680, 4000, *_B200, 0.05, [1, 2, 4, 8], 256, label="a batch cap of 256"),
+        _c24(140e9, 327_680, 32_000, *_B200, 0.05, [2, 4, 8], 256, label="32,000-token contexts"),
+        _c24(400e9, 163_840, 8000, *_B200, 0.04, [1, 2, 4, 8], 512, label="weights that need several chips"),
+        _c24(16e9, 131_072, 2000, *_B200, 0.02, [1, 2], 64, label="a small model: the batch cap binds"),
+        _c24(140e9, 327_680, 4000, *_B200, 0.004, [1, 2], 256, label="a promise no configuration keeps (None)"),
+        _c24(16e9, 0, 2000, *_B200, 0.05, [1], 8, label="no KV cache"),
+        Case(args=(140e9, 327_680, 4000, *_B200, 0.05, [], 256), raises=ValueError, label="no chip counts"),
+        Case(args=(140e9, 327_680, 4000, *_B200, 0.0, [1], 256), raises=ValueError, label="tpot 0"),
+        Case(args=(140e9, 327_680, 4000, *_B200, 0.05, [1], 0), raises=ValueError, label="batch cap 0"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
