@@ -114,6 +114,8 @@ _GEMMA2 = ("Gemma Team, Google DeepMind, \"Gemma 2: Improving Open Language Mode
 _MARLIN = ("Elias Frantar, Roberto L. Castro, Jiale Chen, Torsten Hoefler and Dan Alistarh, \"MARLIN: "
            "Mixed-Precision Auto-Regressive Parallel Inference on Large Language Models\" (2024), and its "
            "README (IST-DASLab/marlin)", "https://github.com/IST-DASLab/marlin")
+_GPT_OSS_CARD = ("OpenAI, \"gpt-oss-120b & gpt-oss-20b Model Card\" (2025), section 2 (quantization)",
+                 "https://arxiv.org/abs/2508.10925")
 
 _SGLANG_V04 = ("LMSYS Org, \"SGLang v0.4: Zero-Overhead Batch Scheduler, Cache-Aware Load Balancer, Faster "
                "Structured Outputs\" (December 2024)", "https://lmsys.org/blog/2024-12-04-sglang-v0-4/")
@@ -310,6 +312,22 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("marlin_batch_high", 32, "tokens",
        "Marlin's FP16xINT4 kernel keeps close to its ideal 4x speedup up to batches of 16-32 tokens "
        "(high end)", _MARLIN),
+    _s("marlin_batch_fading_low", 64, "tokens",
+       "Marlin's FP16xINT4 kernel keeps a significant but decreasing speedup up to batches of 64-128 "
+       "tokens (low end)", _MARLIN, "measured on Ampere GPUs (A10 above all); the README says the kernel "
+       "is not yet optimized for Hopper"),
+    _s("marlin_batch_fading_high", 128, "tokens",
+       "Marlin's FP16xINT4 kernel keeps a significant but decreasing speedup up to batches of 64-128 "
+       "tokens (high end)", _MARLIN),
+    _s("gpt_oss_120b_gpu_gb", 80, "GB",
+       "GPU memory gpt-oss-120b fits in thanks to its MoE weights in MXFP4 (a single 80 GB GPU)",
+       _GPT_OSS_CARD),
+    _s("deepseek_v3_fp8_weight_block", 128, "weights",
+       "side of the square weight block (128x128) that shares one scale in DeepSeek-V3's FP8 "
+       "block-wise quantization", _DSV3),
+    _s("deepseek_v3_fp8_activation_tile", 128, "channels",
+       "channels of one token (a 1x128 tile) that share one activation scale in DeepSeek-V3's FP8 "
+       "quantization", _DSV3),
     # Routing a fleet by cache (chapter 22)
     _s("sglang_router_throughput", 1.9, "x",
        "throughput gain of SGLang's cache-aware load balancer (sgl-router) over a cache-blind one, "
