@@ -332,7 +332,27 @@ def test_fp8_round_trip_cares_little_about_its_scale():
 
 def test_time_projection_times_every_format():
     ms = Q.time_projection(64, 96, schemes=("int8", "mxfp4"), repeats=1)
-    assert list(ms) == ["fp32", "bf16", "int8", "mxfp4"]
+    assert list(ms) == ["fp32", "bf16", "int8", "mxfp4", "mxfp4 rebuild"]
     assert all(v > 0 for v in ms.values())
     with pytest.raises(ValueError):
         Q.time_projection(repeats=0)
+
+
+def test_activation_outliers_favour_e4m3_over_int8():
+    x = Q.outlier_activations(tokens=8, features=64, factor=100.0)
+    big = x.abs().amax(0)
+    assert (big > 20 * big.median()).sum() == 1          # one channel, in every token
+    e = Q.activation_outlier_errors(factor=100.0)
+    # int8's even levels: a scale set by the outlier leaves ordinary values a few codes
+    assert e["int8"]["tensor"] > 0.2
+    # per-token scales help only partly: every token holds the outlier
+    assert e["int8"]["row"] > 0.1 and e["int8"]["row"] > 4 * e["e4m3"]["row"]
+    # E4M3's steps shrink with the value: a few percent either way
+    assert e["e4m3"]["tensor"] < 0.06 and e["e4m3"]["row"] < 0.06
+    # without an outlier, int8's finer levels win
+    clean = Q.activation_outlier_errors(factor=1.0)
+    assert clean["int8"]["tensor"] < clean["e4m3"]["tensor"]
+    with pytest.raises(ValueError):
+        Q.outlier_activations(factor=0)
+    with pytest.raises(ValueError):
+        Q.outlier_activations(features=1)

@@ -804,12 +804,65 @@ def scaled_roundtrip_error(x: torch.Tensor, element: str = "e4m3", granularity: 
     return (back - x).pow(2).mean().sqrt().item() / rms_x if rms_x else 0.0
 
 
+def outlier_activations(tokens: int = 64, features: int = 512, factor: float = 100.0,
+                        seed: int = 0) -> torch.Tensor:
+    """Random activations ``[tokens, features]`` whose one channel is ``factor`` times the rest.
+
+    Trained LLMs' activations have such channels in every token (LLM.int8()
+    found features up to 20x larger; some reach hundreds). A per-token scale
+    cannot avoid them: every row holds the large channel.
+    """
+    if tokens < 1 or features < 2:
+        raise ValueError("need at least 1 token and 2 features")
+    if not factor > 0:
+        raise ValueError(f"factor must be positive, not {factor!r}")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, features, generator=gen)
+    col = int(torch.randint(0, features, (1,), generator=gen))
+    x[:, col] *= factor
+    return x
+
+
+def activation_outlier_errors(factor: float = 100.0, tokens: int = 64, features: int = 512,
+                              seed: int = 0) -> dict[str, dict[str, float]]:
+    """Relative RMS error of the *ordinary* channels of :func:`outlier_activations`, int8 against E4M3.
+
+    ``{"int8": {"tensor": e, "row": e}, "e4m3": {...}}``: each element rounds
+    the whole tensor with one scale per tensor or per token (row); the error
+    is measured on every channel but the large one, the values the outlier
+    squeezes. int8's levels are evenly spaced, so a scale set by the outlier
+    leaves ordinary values a few codes; E4M3's steps shrink with the value,
+    so they keep about two significant bits of precision (3 mantissa bits).
+    """
+    x = outlier_activations(tokens, features, factor, seed)
+    col = int(x.abs().amax(0).argmax())
+    keep = torch.ones(features, dtype=torch.bool)
+    keep[col] = False
+    out: dict[str, dict[str, float]] = {}
+    for element in ("int8", "e4m3"):
+        out[element] = {}
+        for g in ("tensor", "row"):
+            amax = x.abs().amax() if g == "tensor" else x.abs().amax(dim=1, keepdim=True)
+            if element == "int8":
+                scale = amax / INT8_MAX
+                back = torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX) * scale
+            else:
+                scale = amax / torch.finfo(FP8_FORMATS["e4m3"]).max
+                back = (x / scale).to(FP8_FORMATS["e4m3"]).float() * scale
+            d, ref = (back - x)[:, keep], x[:, keep]
+            out[element][g] = (d.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+    return out
+
+
 # ====================================================================== live timing
 
 def time_projection(in_features: int = 1024, out_features: int = 2816,
                     schemes: Sequence[str] = ("int8", "int4-g128", "int4-g32", "mxfp4"),
                     repeats: int = 30, seed: int = 0) -> dict[str, float]:
     """Milliseconds for one projection at batch 1: fp32, bf16 and each scheme (bf16 activations).
+
+    A scheme whose layer dequantizes (no kernel reads it) also gets
+    ``"<scheme> rebuild"``: the matrix's rebuild alone, without the matmul.
 
     Each is called once to warm up, then ``repeats`` times; the fastest call
     counts (the least disturbed by other work). A measurement of this machine:
@@ -832,6 +885,9 @@ def time_projection(in_features: int = 1024, out_features: int = 2816,
     for scheme in schemes:
         layer = QuantizedLinear.from_linear(lin, scheme)
         calls[scheme] = functools.partial(layer, x16)
+        if layer.path(1, torch.bfloat16) == "dequantize":
+            # the rebuild alone, without the matmul that follows it
+            calls[f"{scheme} rebuild"] = functools.partial(layer.dequantized_weight, torch.bfloat16)
 
     def fastest_ms(fn):
         fn()
