@@ -124,6 +124,15 @@ _DYNAMO_ROUTER = ("NVIDIA Dynamo documentation, \"KV Cache Routing\" (the KV-awa
 _LLM_D_KV = ("llm-d documentation, \"KV Cache Management\" (prefix-cache aware routing in the llm-d Router)",
              "https://llm-d.ai/docs/architecture/advanced/kv-management")
 
+_SARATHI_SERVE = ("Amey Agrawal et al., \"Taming Throughput-Latency Tradeoff in LLM Inference with "
+                  "Sarathi-Serve\", OSDI 2024", "https://arxiv.org/abs/2403.02310")
+_SPLITWISE = ("Pratyush Patel et al., \"Splitwise: Efficient Generative LLM Inference Using Phase Splitting\", "
+              "ISCA 2024", "https://arxiv.org/abs/2311.18677")
+_DISTSERVE = ("Yinmin Zhong et al., \"DistServe: Disaggregating Prefill and Decoding for Goodput-optimized "
+              "Large Language Model Serving\", OSDI 2024", "https://arxiv.org/abs/2401.09670")
+_MOONCAKE = ("Ruoyu Qin et al., \"Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving\" "
+             "(2024)", "https://arxiv.org/abs/2407.00079")
+
 def _s(key, value, unit, what, work, note=""):
     return Source(key, float(value), unit, what, work[0], work[1], note)
 
@@ -340,6 +349,19 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
     _s("llm_d_prefix_routing_modes", 2, "implementations",
        "prefix-cache aware routing implementations in the llm-d Router: approximate (from its own "
        "routing history) and precise (from the engines' KV-cache events)", _LLM_D_KV),
+    # Prefill meets decode: chunked prefill and disaggregation (chapter 18)
+    _s("sarathi_serve_capacity", 2.6, "x",
+       "serving capacity of Mistral-7B on one A100 within tail-latency limits with chunked prefills and "
+       "stall-free batching, against vLLM", _SARATHI_SERVE),
+    _s("splitwise_throughput", 1.4, "x",
+       "throughput of a cluster with prompt and token phases on separate machines against current "
+       "designs, up to, at 20% lower cost", _SPLITWISE),
+    _s("distserve_goodput", 7.4, "x",
+       "goodput (the highest request rate at which over 90% of requests meet both the TTFT and TPOT "
+       "promises) of disaggregated prefill and decode against vLLM and DeepSpeed-MII, up to", _DISTSERVE),
+    _s("mooncake_more_requests", 0.75, "fraction",
+       "more requests Kimi handles under real workloads on Mooncake's disaggregated prefill and decode "
+       "clusters", _MOONCAKE),
 ]}
 
 
