@@ -46,14 +46,10 @@ MAX_KEY_BULLET_WORDS = 30
 # Chapters 0-8 may never appear here (a test holds that); parts II and III empty it.
 # Keys: "median", "long", "glue", "plumbing", "words", "key_numbers".
 ALLOWLIST: dict[str, set[str]] = {
-    "ch15_talking": {"long", "plumbing"},
     "ch17_continuous_batching": {"glue", "key_numbers", "long", "median", "plumbing", "words"},
-    "ch18_prefill_decode": {"glue", "long", "median", "plumbing", "words"},
+    "ch18_prefill_decode": {"glue"},
     "ch20_speculative": {"key_numbers", "long", "median", "plumbing"},
-    "ch21_kernels": {"glue", "key_numbers", "long", "median"},
-    "ch22_fleet": {"long", "plumbing"},
     "ch23_pool": {"glue", "key_numbers", "long", "plumbing"},
-    "ch24_cost": {"long", "plumbing"},
 }
 
 HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
