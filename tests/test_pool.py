@@ -6,7 +6,9 @@ from servelab import pool
 def test_seed_pool_defaults():
     r = pool.size_pool()  # 16 seats, 8B class, 1,200-token prompt, 30% prefix hits, chat
     assert r.live_seats == 16 and r.miss_tokens == 840
-    assert r.kv_tokens_in_use == 22_400 and round(r.kv_token_budget, -3) == 464_000
+    # the shared prefix (360 tokens) once, plus 16 seats of 840 miss + 200 answer tokens
+    assert r.shared_prefix_tokens == 360 and r.kv_tokens_per_seat == 1040
+    assert r.kv_tokens_in_use == 360 + 16 * 1040 and round(r.kv_token_budget, -3) == 464_000
     assert round(r.ttft_s * 1000) == 27
     assert round(r.aggregate_tokens_per_s) == 1698
     assert round(r.monthly_usd) == 2913 and r.chips == 1
@@ -87,3 +89,23 @@ def test_full_prefix_hits_skip_prefill():
 def test_bad_knobs_raise_clearly(kwargs, match):
     with pytest.raises(ValueError, match=match):
         pool.size_pool(**kwargs)
+
+
+def test_a_shared_prefix_is_held_once():
+    no_hits = pool.size_pool(seats=10_000, prefix_hit_rate=0.0, simulate=False)
+    hits = pool.size_pool(seats=10_000, prefix_hit_rate=0.9, simulate=False)
+    budget = hits.kv_token_budget
+    assert no_hits.live_seats == budget // 1400
+    assert hits.live_seats == (budget - 1080) // (120 + 200) > 3 * no_hits.live_seats
+    # the step still reads every seat's whole context: same seats, same step
+    same = pool.size_pool(seats=16, prefix_hit_rate=0.9, simulate=False)
+    assert same.step_s == pool.size_pool(seats=16, prefix_hit_rate=0.0, simulate=False).step_s
+
+
+def test_spares_add_whole_replicas_to_the_bill():
+    plan = pool.size_pool(simulate=False)
+    n1 = pool.size_pool(simulate=False, spares=1)
+    assert n1.replicas == plan.replicas + 1 and n1.spare_replicas == 1
+    assert n1.monthly_usd == pytest.approx(plan.monthly_usd * (plan.replicas + 1) / plan.replicas)
+    with pytest.raises(ValueError, match="spares"):
+        pool.size_pool(spares=-1)

@@ -16,9 +16,18 @@ give the pool lab's readouts. Every step is an existing calculator:
   as the engine does, with the roofline step model of the tier. TTFT p95 and
   TPOT p95 include the wait for a seat and for other prompts' prefill.
 
-Defaults reproduce a widely shared interview-prep pool lab: 16 seats, 1,200-token
-prompt, 30% prefix hits -> 840 cache-miss tokens, ~22k KV tokens in use of ~464k, TTFT ~27 ms,
-~1,698 tokens/s of aggregate decode and ~$2,913 a month. Pure Python + numpy.
+Prefix hits are one shared prefix (a system prompt or a shared preamble), as
+:func:`simulate_peak` models it: its blocks are held once for all seats
+(chapter 13's shared blocks), and each seat holds only its cache-miss tokens and
+its answer. A decode step still reads the whole context for every seat (a paged
+attention kernel reads each sequence's blocks, shared or not).
+
+Defaults follow a widely shared interview-prep pool lab: 16 seats, 1,200-token
+prompt, 30% prefix hits -> 840 cache-miss tokens, ~464k KV tokens of room, TTFT ~27 ms,
+~1,698 tokens/s of aggregate decode and ~$2,913 a month. (That lab charges every
+seat its whole prompt, ~22k tokens in use; here the shared prefix is charged once.)
+``spares`` adds whole replicas beyond the plan (N+1: one spare for a lost replica).
+Pure Python + numpy.
 """
 from __future__ import annotations
 
@@ -89,8 +98,8 @@ class PoolReadout:
     workload: str
     requested_seats: int
     live_seats: int                 # what memory grants, at most the requested seats
-    kv_tokens_per_seat: int         # prompt + answer
-    kv_tokens_in_use: int
+    kv_tokens_per_seat: int         # a seat's own tokens: cache-miss prompt tokens + answer
+    kv_tokens_in_use: int           # the shared prefix once, plus every live seat's own tokens
     kv_token_budget: int            # all the tokens the KV room holds
     prompt_tokens: int
     miss_tokens: int                # prompt tokens prefilled on arrival
@@ -112,6 +121,8 @@ class PoolReadout:
     tpot_p95_s: float = math.nan
     busy_share: float = math.nan    # share of the time a replica is computing
     littles_law_replicas: int = 0   # replicas by Little's law alone (every seat busy on average)
+    shared_prefix_tokens: int = 0   # the cached prefix, held once per replica for all its seats
+    spare_replicas: int = 0         # whole replicas beyond the plan (N+1), included in replicas and the bill
 
     def verdict(self) -> str:
         marks = {True: "pass", False: "FAIL"}
@@ -139,7 +150,7 @@ def _workload(workload) -> Workload:
 def size_pool(seats: int = 16, tier: str = "small", prompt_tokens: int | None = None, prefix_hit_rate: float = 0.30,
               workload: str | Workload = "chat", cache_dtype: str = "bf16",
               price_per_chip_hour: float = POOL_CHIP_HOURLY_USD, policy: str = "continuous",
-              simulate: bool = True) -> PoolReadout:
+              simulate: bool = True, spares: int = 0) -> PoolReadout:
     """The pool lab: knobs and a workload in, seats / TTFT / decode rate / bill out.
 
     ``prompt_tokens`` defaults to the workload's own prompt length. Replicas
@@ -149,6 +160,12 @@ def size_pool(seats: int = 16, tier: str = "small", prompt_tokens: int | None = 
     meet the SLO (up to ``MAX_HEADROOM`` x Little's law); the latency check
     reads those p95s. Without ``simulate``, replicas are Little's law's and the
     latency check reads the prefill time alone (no queueing).
+
+    The prefix hits are one shared prefix, held once: a seat holds its
+    cache-miss tokens and its answer, and memory grants
+    ``(room - shared prefix) // (miss + answer)`` seats. ``spares`` whole
+    replicas are added after planning (N+1 keeps the SLO with one replica down)
+    and billed; the cost check includes them.
     """
     if isinstance(seats, bool) or not isinstance(seats, int) or seats <= 0:
         raise ValueError(f"seats must be a positive whole number, got {seats!r}")
@@ -163,19 +180,24 @@ def size_pool(seats: int = 16, tier: str = "small", prompt_tokens: int | None = 
         raise ValueError(f"price_per_chip_hour must be positive, got {price_per_chip_hour!r}")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+        raise ValueError(f"spares must be a whole number of replicas, 0 or more, got {spares!r}")
     t = kvcache.get_tier(tier)
 
-    tokens_per_seat = prompt_tokens + w.output_tokens
+    tokens_per_seat = prompt_tokens + w.output_tokens      # the context a seat's decode step reads
+    # Prefix hits skip prefill for the cached share of the prompt; the rest is computed.
+    miss = round(prompt_tokens * (1 - prefix_hit_rate))
+    shared = prompt_tokens - miss                          # one shared prefix, held once
+    own = miss + w.output_tokens                           # what each seat adds to memory
     memory = kvcache.kv_calculator(t, cache_dtype, seq_len=tokens_per_seat, concurrent=seats)
-    live = memory.seats_granted
+    budget = memory.max_sequence_tokens
+    live = min(seats, max(0, (budget - shared) // own)) if budget >= shared + own else 0
     if live == 0:
         raise ValueError(f"not one seat of {tokens_per_seat:,} tokens fits in the KV room of the {t.label}: "
                          "shorten the prompt or answer, or use an fp8 cache")
-    # Prefix hits skip prefill for the cached share of the prompt; the rest is computed.
-    miss = round(prompt_tokens * (1 - prefix_hit_rate))
     ttft = (arith.prefill_seconds(arith.prefill_ops(t.num_params, miss), t.chip, t.num_chips,
                                   COMPUTE_EFFICIENCY, "bf16") if miss else 0.0)
-    # Each live seat holds on average its full prompt plus the answer (the lab's ledger figure).
+    # Each live seat's attention reads its whole context, shared prefix included.
     step = roofline.decode_step_seconds(t.weights_bytes, memory.bytes_per_token, live, tokens_per_seat,
                                         t.num_chips * t.chip.hbm_bandwidth, BANDWIDTH_EFFICIENCY, overhead_s=0.0)
     per_seat = roofline.per_person_tokens_per_s(step)
@@ -216,16 +238,18 @@ def size_pool(seats: int = 16, tier: str = "small", prompt_tokens: int | None = 
         latency_ok = ok(p)
     else:
         latency_ok = ttft <= w.slo_ttft_s
+    replicas += spares
     chips = replicas * t.num_chips
     monthly = chips * price_per_chip_hour * HOURS_PER_MONTH
     return PoolReadout(
-        workload=w.name, requested_seats=seats, live_seats=live, kv_tokens_per_seat=tokens_per_seat,
-        kv_tokens_in_use=live * tokens_per_seat, kv_token_budget=memory.max_sequence_tokens,
+        workload=w.name, requested_seats=seats, live_seats=live, kv_tokens_per_seat=own,
+        kv_tokens_in_use=shared + live * own, kv_token_budget=budget,
         prompt_tokens=prompt_tokens, miss_tokens=miss, ttft_s=ttft, step_s=step, per_seat_tokens_per_s=per_seat,
         aggregate_tokens_per_s=roofline.replica_tokens_per_s(live, step), request_seconds=duration,
         replicas=replicas, chips=chips, monthly_usd=monthly,
         latency_ok=latency_ok, capacity_ok=live == seats,
-        cost_ok=monthly <= w.budget_usd_per_month, policy=policy, littles_law_replicas=littles, **sim)
+        cost_ok=monthly <= w.budget_usd_per_month, policy=policy, littles_law_replicas=littles,
+        shared_prefix_tokens=shared, spare_replicas=spares, **sim)
 
 
 def pool_step_model(tier: str = "small", cache_dtype: str = "bf16"):
@@ -268,17 +292,14 @@ def knee(loads, seats: int = 16, tier: str = "small", workload: str | Workload =
          prefix_hit_rate: float = 0.30, cache_dtype: str = "bf16", policy: str = "continuous",
          prompt_tokens: int | None = None) -> list[dict]:
     """One replica's simulated percentiles as its arrival rate grows (the latency-vs-load curve)."""
-    w = _workload(workload)
-    prompt = w.prompt_tokens if prompt_tokens is None else prompt_tokens
-    t = kvcache.get_tier(tier)
-    memory = kvcache.kv_calculator(t, cache_dtype, seq_len=prompt + w.output_tokens, concurrent=seats)
-    miss = round(prompt * (1 - prefix_hit_rate))
+    base = size_pool(seats, tier, prompt_tokens, prefix_hit_rate, workload, cache_dtype, policy=policy,
+                     simulate=False)
     rows = []
     for rate in loads:
         if not rate > 0:
             raise ValueError(f"loads must be positive arrival rates, got {rate!r}")
-        p = simulate_peak(float(rate), memory.seats_granted, prompt, w.output_tokens, miss,
-                          memory.max_sequence_tokens, tier, cache_dtype, policy)
+        p = simulate_peak(float(rate), base.live_seats, base.prompt_tokens, _workload(workload).output_tokens,
+                          base.miss_tokens, base.kv_token_budget, tier, cache_dtype, policy)
         rows.append({"rate": float(rate), "ttft_p50_s": p[0], "ttft_p95_s": p[1], "tpot_p50_s": p[2],
                      "tpot_p95_s": p[3], "busy_share": p[4]})
     return rows
@@ -297,12 +318,17 @@ class Failure:
     fix_story: str = ""
 
 
-def _seats_that_fit(prompt_tokens: int, output_tokens: int, tier: str = "small", cache_dtype: str = "bf16") -> int:
-    return kvcache.kv_calculator(tier, cache_dtype, seq_len=prompt_tokens + output_tokens,
-                                 concurrent=10**9).seats_granted
+def _seats_that_fit(prompt_tokens: int, output_tokens: int, tier: str = "small", cache_dtype: str = "bf16",
+                    prefix_hit_rate: float = 0.30) -> int:
+    """Seats memory grants when a shared prefix (the hits) is held once and each seat holds the rest."""
+    budget = kvcache.kv_calculator(tier, cache_dtype, seq_len=prompt_tokens + output_tokens,
+                                   concurrent=1).max_sequence_tokens
+    miss = round(prompt_tokens * (1 - prefix_hit_rate))
+    return max(0, (budget - (prompt_tokens - miss)) // (miss + output_tokens))
 
 
 _CHAT_SEATS_THAT_FIT = _seats_that_fit(WORKLOADS["chat"].prompt_tokens, WORKLOADS["chat"].output_tokens)
+_CHAT_OWN_TOKENS = round(WORKLOADS["chat"].prompt_tokens * 0.7) + WORKLOADS["chat"].output_tokens
 
 FAMOUS_FAILURES = {
     "convoy": Failure(
@@ -314,10 +340,10 @@ FAMOUS_FAILURES = {
         fix_story="Continuous batching admits the newcomer at the next step."),
     "memory wall": Failure(
         "The memory wall: more seats than memory holds", "capacity",
-        "The scheduler was told to run 400 requests at once; the KV room holds fewer seats of "
-        "1,400 tokens. The extra requests queue with no error anywhere, and the config lies about "
-        "its capacity.",
-        broken=dict(seats=400), fix=dict(seats=_CHAT_SEATS_THAT_FIT),
+        "The scheduler was told to run 512 requests at once; the KV room holds the shared prefix once "
+        f"and fewer seats of {_CHAT_OWN_TOKENS:,} tokens of their own. The extra requests queue with no "
+        "error anywhere, and the config lies about its capacity.",
+        broken=dict(seats=512), fix=dict(seats=_CHAT_SEATS_THAT_FIT),
         fix_story="Ask for the seats memory grants (or store the cache in fp8)."),
     "timestamp in the preamble": Failure(
         "A fresh timestamp at the top of a shared 60k-token preamble", "latency",
@@ -338,10 +364,11 @@ FAMOUS_FAILURES = {
         fix_story="Keep the 70B, run 64 seats on an fp8 cache: one two-card replica carries the peak."),
     "long prompts": Failure(
         "Long documents crowd out the seats", "capacity",
-        "At 20k-token documents a seat's cache is large, so memory grants fewer seats than the "
-        "scheduler asks for and the rest wait with no error.",
-        broken=dict(seats=24, prefix_hit_rate=0.6), fix=dict(seats=24, prefix_hit_rate=0.6, cache_dtype="fp8"),
-        workload="documents", fix_story="An fp8 cache halves each seat's bytes: all 24 seats fit."),
+        "Even with 60% of each 20k-token prompt a shared preamble held once, each seat's own document "
+        "and answer are 8.6k tokens, so memory grants fewer seats than the scheduler asks for and the "
+        "rest wait with no error.",
+        broken=dict(seats=64, prefix_hit_rate=0.6), fix=dict(seats=64, prefix_hit_rate=0.6, cache_dtype="fp8"),
+        workload="documents", fix_story="An fp8 cache halves each seat's bytes: all 64 seats fit."),
 }
 
 
