@@ -133,6 +133,10 @@ _DISTSERVE = ("Yinmin Zhong et al., \"DistServe: Disaggregating Prefill and Deco
 _MOONCAKE = ("Ruoyu Qin et al., \"Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving\" "
              "(2024)", "https://arxiv.org/abs/2407.00079")
 
+_NCCL_TUNING = ("NVIDIA NCCL source, src/graph/tuning.cc: the default tuner constants (baseLatencies, "
+                "hwLatencies) of its cost model, commit 5067397 (2026)",
+                "https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc")
+
 def _s(key, value, unit, what, work, note=""):
     return Source(key, float(value), unit, what, work[0], work[1], note)
 
@@ -171,6 +175,20 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "NVLink bandwidth per B200 GPU (fifth generation, both directions)", _DGX_B200),
     _s("nvlink4_bandwidth", 900e9, "bytes/s",
        "NVLink bandwidth per H100 SXM GPU (fourth generation, both directions)", _H100),
+    _s("nccl_ring_base_latency_ll_us", 6.6, "us",
+       "NCCL's fixed cost of one ring all-reduce with the LL protocol (baseLatencies, Ring/LL)", _NCCL_TUNING),
+    _s("nccl_ring_hop_latency_ll_us", 0.6, "us",
+       "NCCL's cost per ring step over NVLink with the LL protocol (hwLatencies, NVLINK, Ring/LL)",
+       _NCCL_TUNING, "a ring all-reduce over p GPUs in one server pays 2(p - 1) steps"),
+    _s("nccl_ring_base_latency_simple_us", 8.4, "us",
+       "NCCL's fixed cost of one ring all-reduce with the Simple protocol (baseLatencies, Ring/Simple)",
+       _NCCL_TUNING),
+    _s("nccl_ring_hop_latency_simple_us", 3.4, "us",
+       "NCCL's cost per ring step over NVLink with the Simple protocol (hwLatencies, NVLINK, Ring/Simple)",
+       _NCCL_TUNING),
+    _s("nccl_nvls_latency_us", 25, "us",
+       "NCCL's cost of one in-switch (NVLS, NVLink SHARP) all-reduce inside one server "
+       "(hwLatencies, NVLINK, NVLS/Simple; its base latency is 0)", _NCCL_TUNING),
     _s("nvl72_gpus", 72, "GPUs", "Blackwell GPUs in one GB200 NVL72 NVLink domain", _NVL72),
     _s("h100_driver_memory_mib", 81_559, "MiB",
        "memory nvidia-smi reports on an H100 SXM sold as 80 GB (85.5e9 bytes, 79.6 GiB)", _NCCL_H100),
