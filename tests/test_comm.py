@@ -143,3 +143,29 @@ def test_one_way_halves_a_bidirectional_headline_only():
     msg = 3_145_728
     assert comm.allreduce_seconds(msg, half, 8, latency_s=0) == pytest.approx(
         2 * comm.allreduce_seconds(msg, nv, 8, latency_s=0))
+
+
+def test_nccl_model_matches_tuning_cc():
+    # NCCL src/graph/tuning.cc: ring base 6.6 (LL) / 8.4 (Simple) us, 0.6 / 3.4 us per NVLink step,
+    # 2(p - 1) steps for an all-reduce; NVLS a flat 25 us.
+    assert comm.nccl_allreduce_latency_s(8, "ring-ll") == pytest.approx(15.0e-6)
+    assert comm.nccl_allreduce_latency_s(8, "ring-simple") == pytest.approx(56.0e-6)
+    assert comm.nccl_allreduce_latency_s(8, "nvls") == pytest.approx(25e-6)
+    assert comm.nccl_allreduce_latency_s(1, "nvls") == 0.0
+    link = comm.Link("t", bandwidth=100, latency_s=0)
+    assert comm.nccl_allreduce_seconds(400, link, 4, "ring-simple") == pytest.approx(
+        (8.4 + 6 * 3.4) * 1e-6 + 1.5 * 4)
+    assert comm.nccl_allreduce_seconds(400, link, 4, "nvls") == pytest.approx(25e-6 + 4)
+    with pytest.raises(ValueError):
+        comm.nccl_allreduce_latency_s(8, "tree")
+
+
+def test_nccl_bill_prices_the_example():
+    nv1 = comm.one_way("NVLink H100")
+    b = comm.nccl_bill("Example-200B", 128, nv1, schedule="nvls")
+    assert b.count == 160
+    assert b.seconds == pytest.approx(160 * (25e-6 + b.message_bytes / 450e9))
+    assert b.latency_each == pytest.approx(25e-6)
+    # the existing simple bill is unchanged
+    assert comm.tensor_parallel_bill("Example-200B", 128, "NVLink H100", latency_s=0).seconds == pytest.approx(
+        160 * b.message_bytes / 900e9)

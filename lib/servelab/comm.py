@@ -37,13 +37,15 @@ __all__ = [
     "exchange_seconds", "allreduce_seconds", "all_to_all_seconds", "CommBill",
     "tensor_parallel_bill", "bubble_fraction", "pipeline_span", "weight_bytes_per_chip",
     "text_bytes", "BYTES_PER_TOKEN_ENGLISH", "ALGORITHMS", "ALL_TO_ALL_ALGORITHMS", "fit_alpha_beta",
+    "NCCL_SCHEDULES", "nccl_allreduce_latency_s", "nccl_allreduce_seconds", "nccl_bill",
 ]
 
 US = 1e-6
 
-#: "several microseconds" per exchange: the guide's fixed delay, taken as 5 us for
-#: NVLink-class links. NCCL's own tuning tables put the base latency of one NVLink
-#: ring step at a few microseconds (NCCL ``src/graph/tuning.cc``, ``baseLat``/``hwLat``).
+#: "several microseconds" per exchange: an assumed fixed cost for one whole small
+#: collective on NVLink-class links, 5 us (one-shot custom all-reduce kernels, as in
+#: vLLM and TensorRT-LLM, reach a few microseconds). NCCL's own model charges more:
+#: see :func:`nccl_allreduce_latency_s` (about 15 us for a small 8-GPU ring).
 NVLINK_LATENCY_S = 5 * US
 #: Network links (InfiniBand/RoCE through a switch) add switch and NIC hops: ~10 us assumed.
 NETWORK_LATENCY_S = 10 * US
@@ -322,6 +324,70 @@ def tensor_parallel_bill(model: ModelConfig | str | Mapping, batch: int, link: L
     fixed = allreduce_seconds(0, link, world_size, algorithm, latency_s)
     return CommBill(message_bytes=message, count=count, link=link.name, algorithm=algorithm,
                     seconds_each=each, latency_each=fixed)
+
+
+# ---------------------------------------------------------------------------
+# NCCL's cost model for an all-reduce inside one NVLink server
+# ---------------------------------------------------------------------------
+
+#: NCCL schedules priced by :func:`nccl_allreduce_seconds`: a ring with the LL
+#: protocol (small messages), a ring with the Simple protocol (large ones), and
+#: in-switch reduction (NVLS, NVLink SHARP).
+NCCL_SCHEDULES = ("ring-ll", "ring-simple", "nvls")
+
+
+def nccl_allreduce_latency_s(world_size: int, schedule: str = "ring-ll") -> float:
+    """Fixed cost of one all-reduce inside one NVLink server, by NCCL's cost model.
+
+    NCCL (``src/graph/tuning.cc``) charges a ring all-reduce over ``p`` GPUs a
+    base latency once plus a per-step NVLink latency for each of its
+    ``2 (p - 1)`` steps; in-switch reduction (NVLS) a flat latency. Constants
+    from :mod:`servelab.sources` (``nccl_*``). NCCL's protocol bandwidth factors
+    are not modelled: :func:`nccl_allreduce_seconds` adds the textbook bytes.
+    """
+    p = _positive_int("world_size", world_size)
+    if schedule not in NCCL_SCHEDULES:
+        raise ValueError(f"schedule must be one of {NCCL_SCHEDULES}, got {schedule!r}")
+    if p == 1:
+        return 0.0
+    if schedule == "nvls":
+        return sources.value("nccl_nvls_latency_us") * US
+    proto = schedule.split("-")[1]
+    base = sources.value(f"nccl_ring_base_latency_{proto}_us")
+    hop = sources.value(f"nccl_ring_hop_latency_{proto}_us")
+    return (base + 2 * (p - 1) * hop) * US
+
+
+def nccl_allreduce_seconds(nbytes: float, link: Link | str, world_size: int = 8,
+                           schedule: str = "ring-ll") -> float:
+    """One all-reduce: NCCL's fixed cost (:func:`nccl_allreduce_latency_s`) plus bytes over ``link``.
+
+    A ring sends ``2 (p - 1) / p`` of the message per GPU; in-switch reduction
+    sends it once (the switch adds). Pass the one-way link (:func:`one_way`)
+    for NVLink, whose headline counts both directions.
+    """
+    link = get_link(link)
+    _non_negative("nbytes", nbytes)
+    p = _positive_int("world_size", world_size)
+    fixed = nccl_allreduce_latency_s(p, schedule)
+    if p == 1:
+        return 0.0
+    share = 1.0 if schedule == "nvls" else 2 * (p - 1) / p
+    return fixed + share * nbytes / link.bandwidth
+
+
+def nccl_bill(model: ModelConfig | str | Mapping, batch: int, link: Link | str, world_size: int = 8,
+              schedule: str = "ring-ll", bytes_per_number: float = 2) -> CommBill:
+    """:func:`tensor_parallel_bill` priced by NCCL's cost model (``algorithm`` names the schedule)."""
+    if isinstance(model, Mapping):
+        model = ModelConfig.from_hf_dict(model)
+    c = get_model(model)
+    link = get_link(link)
+    message = allreduce_message_bytes(batch, c.hidden_size, bytes_per_number)
+    count = allreduces_per_step(c.num_hidden_layers)
+    each = nccl_allreduce_seconds(message, link, world_size, schedule)
+    return CommBill(message_bytes=message, count=count, link=link.name, algorithm=f"nccl {schedule}",
+                    seconds_each=each, latency_each=nccl_allreduce_latency_s(world_size, schedule))
 
 
 # ---------------------------------------------------------------------------
