@@ -109,3 +109,11 @@ def test_spares_add_whole_replicas_to_the_bill():
     assert n1.monthly_usd == pytest.approx(plan.monthly_usd * (plan.replicas + 1) / plan.replicas)
     with pytest.raises(ValueError, match="spares"):
         pool.size_pool(spares=-1)
+
+
+def test_what_mattered_table_names_no_flip_and_shows_the_deltas():
+    text = pool.what_mattered_table("chat")
+    assert text.splitlines()[0] == "chat" and "defaults" in text
+    line = next(x for x in text.splitlines() if "prompt x 4" in x)
+    assert " none " in line and "$5,825" in line
+    assert "cost pass->FAIL" in next(x for x in text.splitlines() if "70B class" in x)

@@ -60,7 +60,7 @@ class Workload:
     output_tokens: int
     prompt_tokens: int = 1200
     slo_ttft_s: float = 1.2          # first token within 1,200 ms at p95
-    slo_tpot_s: float = 0.1          # then a token every 100 ms at p95 (faster than anyone reads)
+    slo_tpot_s: float = 0.1          # a request's average gap between tokens (TPOT) under 100 ms, at p95
     budget_usd_per_month: float = 6500.0
 
     def __post_init__(self) -> None:
@@ -418,3 +418,29 @@ def what_mattered(workload: str | Workload = "chat") -> list[dict]:
         flipped = [c for c in ("latency", "capacity", "cost") if getattr(r, f"{c}_ok") != getattr(base, f"{c}_ok")]
         rows.append({"change": label, "readout": r, "flipped": flipped})
     return rows
+
+
+def what_mattered_table(workload: str | Workload = "chat") -> str:
+    """:func:`what_mattered` as a table: each one-knob change, the verdicts it flipped and its readouts.
+
+    A change that flips no verdict says "none" and still shows how far it moved
+    the bill and the p95s against the defaults (the first row).
+    """
+    w = _workload(workload)
+    base = size_pool(workload=w)
+
+    def cells(r):
+        return f"${r.monthly_usd:,.0f}", _ms(r.ttft_p95_s), _ms(r.tpot_p95_s), f"{r.live_seats}/{r.requested_seats}"
+
+    head = ("change", "verdicts flipped", "bill/month", "TTFT p95", "TPOT p95", "seats")
+    rows = [("defaults", "", *cells(base))]
+    for row in what_mattered(w):
+        r = row["readout"]
+        if r is None:
+            rows.append((row["change"], ", ".join(row["flipped"]), "", "", "", ""))
+            continue
+        moves = [f"{c} " + ("pass->FAIL" if getattr(base, f"{c}_ok") else "FAIL->pass") for c in row["flipped"]]
+        rows.append((row["change"], ", ".join(moves) or "none", *cells(r)))
+    widths = [max(len(str(x[i])) for x in [head, *rows]) for i in range(len(head))]
+    lines = [w.name] + ["  " + "  ".join(str(c).ljust(n) for c, n in zip(x, widths)).rstrip() for x in [head, *rows]]
+    return "\n".join(lines)

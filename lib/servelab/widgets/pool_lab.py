@@ -46,7 +46,7 @@ def _max_seats() -> int:
 
 def _header(workload: str) -> str:
     w = pool.WORKLOADS[workload]
-    return (f"<b>The serving pool</b>: first token under {w.slo_ttft_s * 1e3:,.0f} ms and a token every "
+    return (f"<b>The serving pool</b>: first token under {w.slo_ttft_s * 1e3:,.0f} ms and an average gap between tokens (TPOT) under "
             f"{w.slo_tpot_s * 1e3:,.0f} ms at p95, under ${w.budget_usd_per_month:,.0f} a month "
             "(percentiles simulated at the peak)")
 
