@@ -134,3 +134,12 @@ def test_highway_lab_reacts_to_its_dial():
     before = lab.children[2].value
     switch.value = True
     assert lab.children[2].value != before and "1 replica(s) up" in lab.children[2].value
+
+
+def test_output_weight_counts_a_decoded_token_in_prompt_tokens():
+    w = fleet.output_weight(MODEL, 200, 300, 32)
+    assert 3 < w < 20                                  # several prompt tokens
+    assert fleet.output_weight(MODEL, 2000, 300, 32) > w   # grows with context
+    assert fleet.output_weight(MODEL, 200, 300, 128) < w   # falls with seats
+    with pytest.raises(ValueError):
+        fleet.output_weight(MODEL, 0, 300, 32)

@@ -34,7 +34,7 @@ from servelab.sim.pools import merge_results
 
 __all__ = ["TokenBucket", "RateLimiter", "Decision", "ROUTERS", "route", "serve", "FleetResult", "shed",
            "canary", "CanaryResult", "diurnal_rates", "arrivals_from_rates", "max_rate_for_slo",
-           "replicas_for_peak", "BATCH_DISCOUNT", "highway", "HighwayReadout", "HIGHWAY_DEFAULTS"]
+           "replicas_for_peak", "output_weight", "BATCH_DISCOUNT", "highway", "HighwayReadout", "HIGHWAY_DEFAULTS"]
 
 #: Batch (asynchronous, 24-hour) traffic is commonly sold at half the interactive price
 #: (OpenAI's and Anthropic's batch APIs both list a 50% discount).
@@ -211,6 +211,23 @@ def serve(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = No
 # Shedding
 # ---------------------------------------------------------------------------
 
+def output_weight(step_model: StepModel, prompt_tokens: int, output_tokens: int, seats: int) -> float:
+    """Chip time of one decoded token, in prompt tokens of the same replica (for :func:`shed`).
+
+    A decode step with every seat busy, at the mean context of a request
+    (its prompt plus half its answer), divided among the seats; against one
+    prompt's prefill divided by its tokens. The ratio grows with the context
+    and falls as the seats grow.
+    """
+    from servelab.sim import StepShape
+    if min(prompt_tokens, output_tokens, seats) <= 0:
+        raise ValueError("prompt_tokens, output_tokens and seats must be positive")
+    context = prompt_tokens + output_tokens // 2
+    decode = step_model.step_s(StepShape(decode_rows=seats, decode_context=seats * context)) / seats
+    prefill = step_model.step_s(StepShape(prefill_tokens=prompt_tokens, prefill_seqs=1)) / prompt_tokens
+    return float(decode / prefill)
+
+
 def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: str = "drop_lowest",
          window_s: float = 10.0, min_output: int = 16, batch_reserve: float = 0.1,
          output_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -219,8 +236,8 @@ def shed(trace: Trace, capacity_tokens_per_s: float, *, priority=None, policy: s
     Work is counted in prompt-token equivalents, ``prompt + output_weight x
     output``: a decode token costs several prompt tokens of chip time (one step
     shared by the batch against a share of one prefill pass; about 3.9x for
-    chapter 24's example replica, ``cost.chat_cost().output_to_input_ratio``),
-    so pass that ratio; the default 1.0 counts them alike. The work is held against an allowance that
+    chapter 24's example replica, ``cost.chat_cost().output_to_input_ratio``;
+    :func:`output_weight` for a simulator replica), so pass that ratio; the default 1.0 counts them alike. The work is held against an allowance that
     refills continuously at ``capacity_tokens_per_s`` (in the same units) and holds at most
     ``window_s`` seconds of it (a token bucket, starting full). ``drop_lowest``:
     an interactive request (priority 0) is admitted while the allowance holds its
