@@ -36,7 +36,8 @@ PARTS = [
     (19, 24, "VII. Cheaper steps, and the fleet"),
 ]
 APPENDIX_CAPTION = "Appendix"
-APPENDIX_PAGES = ["book/appendix/problem_set", "book/appendix/glossary", "book/appendix/references"]
+APPENDIX_PAGES = ["book/appendix/problem_set", "book/appendix/glossary", "book/appendix/references",
+                 "book/appendix/simulator_check"]
 ROOT_PAGE = "chapters/ch00_intro"
 PROBLEM_SET_PAGE = "book/appendix/problem_set.md"
 
