@@ -162,3 +162,23 @@ def test_a_callback_that_aborts_another_member_finishes_it_once():
             finished += [o.request_id for o in eng.step() if o.finished]
         assert sorted(finished) == ["a", "b", "c"]
         assert eng.scheduler.kv.allocator.num_used == 0
+
+
+def test_own_reservations_give_the_same_tokens_and_fit_more_in_a_tight_pool():
+    rng = random.Random(7)
+    reqs = [([rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))], rng.choice([1, 3, 12]))
+            for _ in range(12)]
+    tight = dict(num_blocks=24, block_size=4, seats=8)
+    rect = engine(padded=False, **tight)
+    own = engine(padded=False, reserve="own", **tight)
+    assert run(rect, reqs) == run(own, reqs) == run(engine(LLMEngine, seats=8), reqs)
+    assert own.scheduler.num_waves < rect.scheduler.num_waves
+    assert own.num_steps < rect.num_steps
+    assert own.scheduler.kv.allocator.num_used == 0
+
+
+def test_own_reservations_need_ragged_waves_and_a_known_name():
+    with pytest.raises(ValueError, match="padded=False"):
+        engine(reserve="own")
+    with pytest.raises(ValueError, match="reserve"):
+        engine(padded=False, reserve="paged")

@@ -79,11 +79,16 @@ class StaticScheduler:
     """Waves instead of a running set. Same ``add``/``schedule``/``commit``/``finish``
     interface as the continuous scheduler, so the engine's stop logic works unchanged."""
 
-    def __init__(self, config: EngineConfig, padded: bool = True):
+    def __init__(self, config: EngineConfig, padded: bool = True, reserve: str = "rectangle"):
         if not isinstance(padded, bool):
             raise TypeError(f"padded must be True or False, got {padded!r}")
+        if reserve not in ("rectangle", "own"):
+            raise ValueError(f"reserve must be 'rectangle' or 'own', got {reserve!r}")
+        if reserve == "own" and padded:
+            raise ValueError("reserve='own' needs padded=False: padding rows fill the rectangle")
         self.config = config
         self.padded = padded
+        self.reserve = reserve
         self.kv = KVCacheManager(config.num_kv_blocks, config.block_size, enable_prefix_caching=False)
         self.waiting: deque[Sequence] = deque()
         self.wave: list[Sequence] = []
@@ -110,17 +115,23 @@ class StaticScheduler:
         most_tokens = max(getattr(s.sampling_params, "max_tokens", 16) or 16 for s in members)
         return min(longest_prompt + most_tokens, members[0].max_len)
 
+    def _needs(self, members: list[Sequence]) -> list[int]:
+        """Token slots reserved per member: the padded rectangle's row, or (``reserve='own'``,
+        paged memory) each member's own prompt plus its own ``max_tokens``."""
+        if self.reserve == "own":
+            return [self._reserve([s]) for s in members]
+        return [self._reserve(members)] * len(members)
+
     def start_wave(self) -> None:
         members: list[Sequence] = []
+        bs = self.config.block_size
         while self.waiting and len(members) < self.config.max_num_seqs:
             trial = members + [self.waiting[0]]
-            need = self._reserve(trial)
-            if -(-need // self.config.block_size) * len(trial) > self.config.num_kv_blocks and members:
-                break  # the rectangle would not fit: a smaller wave
+            if sum(-(-n // bs) for n in self._needs(trial)) > self.config.num_kv_blocks and members:
+                break  # the reservations would not fit: a smaller wave
             members.append(self.waiting.popleft())
-        need = self._reserve(members)
         now = time.perf_counter()
-        for s in members:
+        for s, need in zip(members, self._needs(members)):
             if not self.kv.allocate(s.block_table, need):  # cannot happen: need <= max_len <= pool
                 raise RuntimeError("static wave does not fit in the KV pool")
             s.status = SequenceStatus.RUNNING
@@ -198,11 +209,17 @@ class StaticBatchEngine(LLMEngine):
     ``padded=True`` (default): a batched tensor's compute (prompts padded to the
     wave's longest, finished members kept as padding rows). ``padded=False``:
     the same waves, ragged (only useful rows computed).
+
+    ``reserve="rectangle"`` (default): every member reserves the wave's padded
+    rectangle row up front. ``reserve="own"`` (ragged only): static waves over
+    paged memory, each member reserving only its own prompt plus its own
+    ``max_tokens``, so more members fit in a tight pool.
     """
 
-    def __init__(self, runner, config: EngineConfig | None = None, *args, padded: bool = True, **kwargs):
+    def __init__(self, runner, config: EngineConfig | None = None, *args, padded: bool = True,
+                 reserve: str = "rectangle", **kwargs):
         super().__init__(runner, config, *args, **kwargs)
-        self.scheduler = StaticScheduler(self.config, padded=padded)
+        self.scheduler = StaticScheduler(self.config, padded=padded, reserve=reserve)
 
     @property
     def padded(self) -> bool:
