@@ -46,8 +46,6 @@ MAX_KEY_BULLET_WORDS = 30
 # Chapters 0-8 may never appear here (a test holds that); parts II and III empty it.
 # Keys: "median", "long", "glue", "plumbing", "words", "key_numbers".
 ALLOWLIST: dict[str, set[str]] = {
-    "ch17_continuous_batching": {"glue"},
-    "ch18_prefill_decode": {"glue"},
     "ch20_speculative": {"key_numbers", "long", "median", "plumbing"},
 }
 
