@@ -70,6 +70,16 @@ def test_step_overhead_counts_a_decode_step():
         K.op_overhead_seconds(repeats=5)
 
 
+def test_step_overhead_counts_the_steady_step_not_the_first_call():
+    model = _tiny()
+    step = K.decode_step(model)
+    first = sum(K.count_ops(step).values())
+    steady = sum(K.count_ops(step).values())
+    assert sum(K.count_ops(step).values()) == steady   # repeatable after the first call
+    assert first >= steady
+    assert K.step_overhead(_tiny(), repeats=2, op_seconds=1e-6)["ops"] == steady
+
+
 def test_cuda_is_refused_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -13,7 +13,8 @@ makes the costs of the small ones concrete:
   :func:`step_overhead`): the fixed cost of launching one operation, the
   number of operations in a decode step, and the share of the step they take.
   :func:`compile_step` times the same step eager and under ``torch.compile``
-  (the CPU analogue of CUDA graphs: fewer, larger launches), compile time included.
+  (compilation: captured Python, fused ops, generated kernels; not CUDA graphs,
+  which replay recorded launches), compile time included.
 * **FlashAttention's tiling** (:func:`flash_attention`, :func:`tile_bytes`):
   queries *and* keys in blocks, the real kernel's loop nest, equal to naive
   attention, with the bytes of the largest live tile next to an H100 SM's
@@ -299,6 +300,7 @@ def step_overhead(model, batch: int = 1, context: int = 16, repeats: int = 20,
     """
     dev = _model_device(model)
     step = decode_step(model, batch, context)
+    step()  # the first call builds one-off tables (RoPE); count the steady step
     ops = count_ops(step)
     n_ops = sum(ops.values())
     op_s = op_overhead_seconds(device=dev) if op_seconds is None else op_seconds
