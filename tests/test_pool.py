@@ -117,3 +117,15 @@ def test_what_mattered_table_names_no_flip_and_shows_the_deltas():
     line = next(x for x in text.splitlines() if "prompt x 4" in x)
     assert " none " in line and "$5,825" in line
     assert "cost pass->FAIL" in next(x for x in text.splitlines() if "70B class" in x)
+
+
+def test_p95_over_seeds_starts_from_the_planners_run_and_spreads():
+    fix = pool.FAMOUS_FAILURES["quality upgrade"].fix
+    planned = pool.size_pool(**fix)
+    one = pool.p95_over_seeds(1, seeds=range(4), **fix)
+    assert len(one) == 4 and one[0] == (planned.ttft_p95_s, planned.tpot_p95_s)
+    assert len({round(t, 6) for t, _ in one}) > 1          # another seed, another p95
+    two = pool.p95_over_seeds(2, seeds=range(4), **fix)
+    assert max(t for t, _ in two) < min(t for t, _ in one)  # halving each replica's share shortens the queue
+    with pytest.raises(ValueError):
+        pool.p95_over_seeds(0, **fix)
