@@ -108,7 +108,9 @@ def markdown(r: dict) -> str:
     c = r["compile_step"]
     if c:
         lines += [f"- eager {c['eager_s'] * 1e3:.2f} ms vs compiled {c['compiled_s'] * 1e3:.2f} ms "
-                  f"({c['speedup']:.2f}x), cold compile {c['compile_s']:.1f} s "
+                  f"({c['speedup']:.2f}x), graph capture alone (backend=eager) "
+                  f"{c['captured_s'] * 1e3:.2f} ms ({c['captured_speedup']:.2f}x), "
+                  f"cold compile {c['compile_s']:.1f} s "
                   + (f"(repaid after {c['steps_to_repay_compile']:,.0f} steps)" if c["speedup"] > 1
                      else "(never repaid: the compiled step was not faster)")]
     o = r["overlap"]

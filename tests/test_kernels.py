@@ -80,6 +80,14 @@ def test_step_overhead_counts_the_steady_step_not_the_first_call():
     assert K.step_overhead(_tiny(), repeats=2, op_seconds=1e-6)["ops"] == steady
 
 
+def test_graph_capture_alone_runs_the_same_step():
+    model = _tiny()
+    ref = K.decode_step(model)()
+    cap = K.compiled_step(model, repeats=2, backend="eager")
+    assert torch.allclose(cap["out"], ref, atol=1e-5)
+    assert cap["step_s"] > 0 and cap["first_call_s"] > 0
+
+
 def test_cuda_is_refused_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
