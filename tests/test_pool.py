@@ -63,6 +63,18 @@ def test_the_quality_upgrade_keeps_the_70b():
     assert fixed.workload == "chat" and fixed.chips // fixed.replicas == 2
 
 
+def test_the_70b_fix_keeps_the_promise_in_every_seeded_run_and_64_seats_do_not():
+    fix = pool.FAMOUS_FAILURES["quality upgrade"].fix
+    w = pool.WORKLOADS["chat"]
+
+    def kept(pairs):
+        return sum(t <= w.slo_ttft_s and g <= w.slo_tpot_s for t, g in pairs)
+
+    assert pool.size_pool(**{**fix, "seats": 10_000}, simulate=False).live_seats >= fix["seats"]
+    assert kept(pool.p95_over_seeds(1, range(10), **fix)) == 10
+    assert kept(pool.p95_over_seeds(1, range(10), **{**fix, "seats": 64})) < 10
+
+
 def test_what_mattered_differs_per_workload():
     chat = {r["change"]: r["flipped"] for r in pool.what_mattered("chat")}
     docs = {r["change"]: r["flipped"] for r in pool.what_mattered("documents")}
