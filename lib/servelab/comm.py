@@ -305,6 +305,15 @@ class CommBill:
                 "seconds": self.seconds}
 
 
+def _tensor_parallel_step(model, batch: int, link, bytes_per_number: float):
+    """(link, bytes of one all-reduce, all-reduces per step) of one split decode step."""
+    if isinstance(model, Mapping):
+        model = ModelConfig.from_hf_dict(model)
+    c = get_model(model)
+    message = allreduce_message_bytes(batch, c.hidden_size, bytes_per_number)
+    return get_link(link), message, allreduces_per_step(c.num_hidden_layers)
+
+
 def tensor_parallel_bill(model: ModelConfig | str | Mapping, batch: int, link: Link | str = "NVLink H100",
                          bytes_per_number: float = 2, world_size: int = 8, algorithm: str = "simple",
                          latency_s: float | None = None) -> CommBill:
@@ -314,12 +323,7 @@ def tensor_parallel_bill(model: ModelConfig | str | Mapping, batch: int, link: L
     bytes_per_number`` bytes. Activations travel in 16 bits (``bytes_per_number=2``)
     even when the weights are stored in 8.
     """
-    if isinstance(model, Mapping):
-        model = ModelConfig.from_hf_dict(model)
-    c = get_model(model)
-    link = get_link(link)
-    message = allreduce_message_bytes(batch, c.hidden_size, bytes_per_number)
-    count = allreduces_per_step(c.num_hidden_layers)
+    link, message, count = _tensor_parallel_step(model, batch, link, bytes_per_number)
     each = allreduce_seconds(message, link, world_size, algorithm, latency_s)
     fixed = allreduce_seconds(0, link, world_size, algorithm, latency_s)
     return CommBill(message_bytes=message, count=count, link=link.name, algorithm=algorithm,
@@ -379,12 +383,7 @@ def nccl_allreduce_seconds(nbytes: float, link: Link | str, world_size: int = 8,
 def nccl_bill(model: ModelConfig | str | Mapping, batch: int, link: Link | str, world_size: int = 8,
               schedule: str = "ring-ll", bytes_per_number: float = 2) -> CommBill:
     """:func:`tensor_parallel_bill` priced by NCCL's cost model (``algorithm`` names the schedule)."""
-    if isinstance(model, Mapping):
-        model = ModelConfig.from_hf_dict(model)
-    c = get_model(model)
-    link = get_link(link)
-    message = allreduce_message_bytes(batch, c.hidden_size, bytes_per_number)
-    count = allreduces_per_step(c.num_hidden_layers)
+    link, message, count = _tensor_parallel_step(model, batch, link, bytes_per_number)
     each = nccl_allreduce_seconds(message, link, world_size, schedule)
     return CommBill(message_bytes=message, count=count, link=link.name, algorithm=f"nccl {schedule}",
                     seconds_each=each, latency_each=nccl_allreduce_latency_s(world_size, schedule))
