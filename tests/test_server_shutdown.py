@@ -13,24 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
 from servelab.server import ServerSettings, ServerThread, build_engine, create_app
 
-from test_server import MODEL, body, read_stream, tiny_model, wait_until
+# test_server's module fixtures (tok, model), reused rather than written again.
+from test_server import MODEL, body, model, read_stream, tok, wait_until  # noqa: F401
 
 TIMEOUT = httpx.Timeout(30.0)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from servelab.bpe import load_course_tokenizer
-    return load_course_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 def start(model, tok, grace_s, **engine_options):
