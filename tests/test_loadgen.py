@@ -162,3 +162,51 @@ def test_raw_client_matches_httpx_and_reuses_connections(server):
         RawHTTPClient("ftp://x")
     with pytest.raises(ValueError, match="'raw' or 'httpx'"):
         asyncio.run(run_load(server.url, reqs[:1], model="tiny", client="curl", progress=False))
+
+
+def test_raw_client_never_sends_a_post_twice_on_a_new_connection():
+    """A POST that fails on a new connection is not sent again (the server may have taken it);
+    only an idle kept-alive connection the server closed meanwhile is retried, once."""
+    from servelab.loadgen import RawHTTPClient
+
+    async def scenario():
+        posts = []
+        ok = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        async def handle(reader, writer):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0]
+                             .split(b":")[1])
+                await reader.readexactly(length)
+                posts.append(head.split(b" ")[1])
+                if len(posts) in (1, 3):  # take the request, then drop the connection unanswered
+                    writer.close()
+                    return
+                writer.write(ok)
+                await writer.drain()
+                if len(posts) == 2:  # answer, then close the kept-alive connection while it idles
+                    await asyncio.sleep(0.05)
+                    writer.close()
+                    return
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        c = RawHTTPClient(f"http://127.0.0.1:{port}", timeout_s=5)
+        with pytest.raises(ConnectionError):
+            async with c.stream("POST", "/a", json={}):
+                pass
+        assert len(posts) == 1  # dropped on a new connection: not sent again
+        async with c.stream("POST", "/b", json={}) as r:
+            assert await r.aread() == b"ok"
+        assert len(c._idle) == 1
+        await asyncio.sleep(0.2)  # the server closes the idle connection
+        with pytest.raises(ConnectionError):  # the retry, on a new connection, is dropped too
+            async with c.stream("POST", "/c", json={}):
+                pass
+        await c.aclose()
+        srv.close()
+        return posts
+
+    posts = asyncio.run(scenario())
+    assert posts == [b"/a", b"/b", b"/c"]  # /c reached the server once: the stale connection took nothing

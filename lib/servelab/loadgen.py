@@ -385,14 +385,17 @@ class RawHTTPClient:
         self.timeout_s = timeout_s
         self._idle: list = []
 
-    async def _connect(self):
-        while self._idle:
+    async def _connect(self, fresh: bool = False):
+        """``(reader, writer, reused)``: an idle kept-alive connection if one is open (and
+        ``fresh`` is false), else a new one."""
+        while self._idle and not fresh:
             reader, writer = self._idle.pop()
             if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
+                return reader, writer, True
             writer.close()
-        return await asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None,
-                                             limit=1 << 20)
+        reader, writer = await asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None,
+                                                       limit=1 << 20)
+        return reader, writer, False
 
     def stream(self, method: str, path: str, json=None) -> "_RawStream":
         """``async with client.stream("POST", "/v1/completions", json=body) as r``:
@@ -417,8 +420,10 @@ class _RawStream:
         head = (f"{self.method} {c.prefix}{self.path} HTTP/1.1\r\nHost: {c.host}:{c.port}\r\n"
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                 f"Content-Length: {len(payload)}\r\n\r\n").encode()
-        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: retry once
-            reader, writer = self.conn = await c._connect()
+        fresh = False
+        while True:
+            reader, writer, reused = await c._connect(fresh)
+            self.conn = reader, writer
             try:
                 writer.write(head + payload)
                 status_line = await asyncio.wait_for(reader.readline(), c.timeout_s)
@@ -427,8 +432,13 @@ class _RawStream:
                 break
             except (ConnectionError, OSError):
                 writer.close()
-                if attempt:
+                # Only a kept-alive connection that the server had closed while it sat idle is
+                # retried (once, on a new connection): nothing came back, and the request most
+                # likely never reached it. A failure on a new connection is final: the server
+                # may have received the POST, and sending it again could serve it twice.
+                if not reused:
                     raise
+                fresh = True
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
             raise ConnectionError(f"not an HTTP response: {status_line[:80]!r}")
