@@ -1,6 +1,6 @@
 """A Llama-architecture decoder in plain PyTorch, and a loader for Hugging Face checkpoints.
 
-One file holds the whole model so it can be read top to bottom:
+This file holds the whole model so it can be read top to bottom:
 
     token ids -> embed_tokens -> [ layer ] x N -> norm -> lm_head -> logits
     layer:  h = h + self_attn(input_layernorm(h))      (RoPE, GQA, causal)
@@ -10,7 +10,9 @@ Parameter names match Hugging Face's ``LlamaForCausalLM`` with the ``model.``
 prefix dropped, so a checkpoint maps onto this module name for name. Any
 Llama-family checkpoint (TinyLlama, SmolLM, Llama 3.x) loads with
 :func:`load_pretrained`; the tests check that logits match ``transformers`` to
-1e-4 in fp32.
+1e-4 in fp32. Two jobs live beside it: fused projections in
+:mod:`servelab.fusion`, config and checkpoint I/O in :mod:`servelab.checkpoint`;
+their names are importable from here too.
 
 The pieces are public: ``model.embed(ids)``, ``model.rotary(position_ids)`` for
 cos/sin at any positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's
@@ -25,17 +27,20 @@ layers; only the attention core differs.
 """
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from servelab.attention import apply_rope, decode_attention, mask_from_positions, rope_cos_sin, rope_inv_freq
-from servelab.specs import ModelConfig
+from servelab.checkpoint import (  # noqa: F401  (re-exported: checkpoints and configs live there)
+    COURSE_MODELS_DIR, SUPPORTED_ARCHITECTURES, SUPPORTED_MODEL_TYPES, LlamaConfig, _checkpoint_files,
+    _hf_to_servelab_name, _resolve_dtype, check_llama_config, count_parameters_from_config, load_config,
+    load_course_model, load_pretrained, load_state_dict, save_pretrained,
+)
+from servelab.fusion import (  # noqa: F401  (re-exported: the fused projections live there)
+    FusedLinears, _apply_linears, _current_fusion, _fused_output, _refused, fusable, is_column_major,
+    store_column_major,
+)
 
 __all__ = [
     "LlamaConfig", "check_llama_config", "RMSNorm", "rms_norm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer",
@@ -43,215 +48,6 @@ __all__ = [
     "load_state_dict", "count_parameters_from_config", "load_course_model", "COURSE_MODELS_DIR",
     "store_column_major", "is_column_major",
 ]
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
-
-#: Where the course's own trained checkpoints live (``servelab-main``, ``servelab-draft``);
-#: ``SERVELAB_MODELS_DIR`` overrides it.
-COURSE_MODELS_DIR = Path(os.environ.get("SERVELAB_MODELS_DIR",
-                                        Path(__file__).resolve().parents[2] / "data" / "models"))
-SUPPORTED_MODEL_TYPES = ("llama",)
-
-
-# ====================================================================== config
-
-#: The one config type (:class:`servelab.specs.ModelConfig`), under the name
-#: Hugging Face gives it. ``rms_norm_eps`` defaults to 1e-6, as in ``transformers``.
-LlamaConfig = ModelConfig
-
-
-def check_llama_config(config: ModelConfig) -> ModelConfig:
-    """Refuse, with the field named, a config this Llama decoder cannot build.
-
-    The config type also describes GPT-3, Mixtral or DeepSeek shapes for the
-    calculators; the model runs only dense SwiGLU Llama-family decoders.
-    """
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"expected a servelab.specs.ModelConfig (alias LlamaConfig), "
-                        f"got {type(config).__name__}")
-    if config.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"config field architectures=[{config.architecture!r}] is not supported; "
-            f"servelab.model loads {list(SUPPORTED_ARCHITECTURES)} checkpoints")
-    if config.hidden_act != "silu" or not config.mlp_gated:
-        raise ValueError(f"config field hidden_act={config.hidden_act!r} (gated={config.mlp_gated}) "
-                         "is not supported (Llama uses a gated 'silu' MLP)")
-    if config.is_moe or config.kv_lora_rank is not None:
-        raise ValueError("mixture-of-experts and latent-attention fields are set; "
-                         "servelab.model builds dense Llama decoders only")
-    if config.head_dim % 2:
-        raise ValueError(f"head_dim must be even for rotary embeddings, got {config.head_dim}")
-    rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)  # validates rope_scaling
-    return config
-
-
-def load_config(path: str | Path) -> LlamaConfig:
-    """Read ``config.json`` from a checkpoint folder (or the file itself)."""
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    if not file.exists():
-        raise FileNotFoundError(f"no config.json at {file}")
-    d = json.loads(file.read_text())
-    model_type = d.get("model_type")
-    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"config field model_type={model_type!r} is not supported; expected one of "
-                         f"{list(SUPPORTED_MODEL_TYPES)}")
-    return check_llama_config(ModelConfig.from_hf_dict(d, name=file.parent.name))
-
-
-# ====================================================================== fused projections
-
-class FusedLinears:
-    """Several ``nn.Linear`` that read the same input, stored as one matrix.
-
-    Serving engines multiply Q, K and V (and the MLP's gate and up) in one
-    matmul: the input is read once, one kernel runs instead of three, and one
-    long matrix streams from memory. The fused matrix *is* the storage: each
-    original ``weight`` becomes a view of its rows, so nothing is copied,
-    ``state_dict`` names and values stay Hugging Face's, and an optimizer step
-    or ``load_state_dict`` (which copies into the parameters) updates both at once.
-
-    It can never go stale: :func:`_apply_linears` checks before every use that
-    the linears still hold views of it (:meth:`is_current`). After
-    ``model.to(dtype)`` or a weight swap (``q_proj.weight = ...``) the
-    parameters are new tensors, and the fusion is rebuilt from them. Only plain
-    ``nn.Linear`` are fused: if one projection of the group is anything else (a
-    quantized linear, a tensor-parallel wrapper), the group runs one by one.
-
-    ``column_major=True`` stores the fused matrix transposed in memory (same
-    shape and values, strides ``(1, out)``): see :func:`column_major`.
-    """
-
-    def __init__(self, linears, column_major: bool = False):
-        if not fusable(linears):
-            raise TypeError(f"only plain nn.Linear can be fused, got {[type(l).__name__ for l in linears]}")
-        self.column_major = bool(column_major)
-        with torch.no_grad():
-            self.weight = torch.cat([l.weight for l in linears])
-            if self.column_major:
-                self.weight = _to_column_major(self.weight)
-            has_bias = linears[0].bias is not None
-            self.bias = torch.cat([l.bias for l in linears]) if has_bias else None
-            self.sizes = [l.out_features for l in linears]
-            row = 0
-            for l, n in zip(linears, self.sizes):
-                l.weight = nn.Parameter(self.weight[row:row + n], requires_grad=l.weight.requires_grad)
-                if has_bias:
-                    l.bias = nn.Parameter(self.bias[row:row + n], requires_grad=l.bias.requires_grad)
-                row += n
-        self._linears = tuple(linears)
-        self._pointers = [self._pointer(l) for l in linears]
-
-    @staticmethod
-    def _pointer(linear):
-        # a new dtype or device, load_state_dict(assign=True) or a swapped Parameter
-        # all mean new storage: the data pointers say it all
-        return linear.weight.data_ptr(), None if linear.bias is None else linear.bias.data_ptr()
-
-    def is_current(self, linears) -> bool:
-        """True while these very linears still hold views of this fused matrix.
-
-        Checked before every use, so it must be cheap (a batch-1 step calls it
-        twice per layer): the parameters are read from ``_parameters`` directly,
-        skipping ``nn.Module.__getattr__``'s slower lookup.
-        """
-        if len(linears) != len(self._linears):
-            return False
-        for l, ref, (weight_ptr, bias_ptr) in zip(linears, self._linears, self._pointers):
-            if l is not ref:
-                return False
-            params = l._parameters
-            bias = params.get("bias")
-            if (params["weight"].data_ptr() != weight_ptr
-                    or (None if bias is None else bias.data_ptr()) != bias_ptr):
-                return False
-        return True
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
-
-
-def _to_column_major(w: torch.Tensor) -> torch.Tensor:
-    """The same ``[out, in]`` matrix stored transposed: ``w.t().contiguous().t()``."""
-    return w.t().contiguous().t()
-
-
-def is_column_major(w: torch.Tensor) -> bool:
-    """True for a 2-D matrix stored transposed (each column contiguous)."""
-    return w.dim() == 2 and w.stride(0) == 1 and w.stride(1) == w.shape[0] and w.shape[0] > 1
-
-
-def store_column_major(linear: nn.Linear) -> nn.Linear:
-    """Store ``linear.weight`` transposed in memory (same shape, values and gradients).
-
-    ``F.linear`` multiplies by ``weight.t()``; stored column-major, that is a
-    plain row-major ``[in, out]`` matrix and a batch-1 step's mat-vec streams it
-    as long rows of ``out`` numbers. Stored the usual way, the mat-vec takes a
-    dot product per output over rows of only ``in`` numbers, and on the CPUs
-    this course measured that kernel read small models' matrices far below the
-    memory bandwidth (``benchmarks/results/engine.md``). Returns the linear.
-    """
-    if not is_column_major(linear.weight):
-        with torch.no_grad():
-            linear.weight = nn.Parameter(_to_column_major(linear.weight.detach()),
-                                         requires_grad=linear.weight.requires_grad)
-    return linear
-
-
-def fusable(linears) -> bool:
-    """Plain ``nn.Linear`` with biases all present or all absent (nothing else is fused)."""
-    return (all(type(l) is nn.Linear for l in linears)
-            and len({l.bias is None for l in linears}) == 1)
-
-
-def _refused(current, linears, column_major: bool):
-    """The fusion a ``fuse()`` call leaves: a new :class:`FusedLinears` for plain
-    linears; for other modules (quantized ones), the group's existing fusion if it
-    still holds these very modules (a quantized fusion made by ``servelab.quant``),
-    else none."""
-    if fusable(linears):
-        return FusedLinears(linears, column_major)
-    keep = current is not None and not isinstance(current, FusedLinears)
-    return current if keep and current.is_current(linears) else None
-
-
-def _current_fusion(owner: nn.Module, attr: str, linears):
-    """The group's fusion (``owner.<attr>``), rebuilt first if it went stale (after
-    ``.to(dtype)`` or a weight swap), or None once the group is no longer all plain
-    ``nn.Linear``: so a fusion can never be used with old weights."""
-    fused = getattr(owner, attr)
-    if fused is None or fused.is_current(linears):
-        return fused
-    fresh = None
-    if fusable(linears):
-        with torch.inference_mode(False), torch.no_grad():
-            fresh = FusedLinears(linears, column_major=getattr(fused, "column_major", False))
-    setattr(owner, attr, fresh)
-    return fresh
-
-
-def _fused_output(owner: nn.Module, attr: str, linears, x):
-    """The fused group's whole output ``[..., sum(out)]`` in one matmul, or None when
-    the group is not a :class:`FusedLinears` (or training): then call :func:`_apply_linears`."""
-    fused = getattr(owner, attr)
-    if not isinstance(fused, FusedLinears) or torch.is_grad_enabled():
-        return None  # unfused, or another kind of fusion (a quantized one): its own __call__
-    if not torch.compiler.is_compiling():  # a compiled step's runner called refresh_fusions()
-        fused = _current_fusion(owner, attr, linears)
-        if fused is None:
-            return None
-    return F.linear(x, fused.weight, fused.bias)
-
-
-def _apply_linears(owner: nn.Module, attr: str, linears, x):
-    """Each linear applied to ``x``: in one fused matmul when the group is fused, else one by one.
-
-    A stale fusion is rebuilt first (:func:`_current_fusion`); a group that is no
-    longer all plain ``nn.Linear`` runs one by one. Training always takes the
-    separate linears, so each weight gets its own gradient.
-    """
-    fused = None if torch.is_grad_enabled() else _current_fusion(owner, attr, linears)
-    return [l(x) for l in linears] if fused is None else fused(x)
 
 
 # ====================================================================== layers
@@ -748,153 +544,3 @@ class LlamaModel(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
         return self
-
-
-# ====================================================================== checkpoints
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
-
-
-def _resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
-        return _DTYPES[dtype.replace("torch.", "")]
-    raise ValueError(f"dtype must be a torch dtype or one of {list(_DTYPES)}, got {dtype!r}")
-
-
-def _checkpoint_files(folder: Path) -> list[Path]:
-    single = folder / "model.safetensors"
-    index = folder / "model.safetensors.index.json"
-    if single.exists():
-        return [single]
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not weight_map:
-            raise ValueError(f"{index} has no 'weight_map'")
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if not (folder / shard).exists():
-                raise FileNotFoundError(f"shard {shard} named in {index.name} is missing from {folder}")
-        return [folder / s for s in shards]
-    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise ValueError(f"{folder} holds only pickle (.bin/.pt) weights; servelab reads safetensors only "
-                         "(convert with transformers: model.save_pretrained(path, safe_serialization=True))")
-    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
-
-
-def _hf_to_servelab_name(name: str) -> str:
-    return name[len("model."):] if name.startswith("model.") else name
-
-
-def load_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder, names as stored (``model.layers.0...``)."""
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for file in _checkpoint_files(Path(folder)):
-        tensors.update(load_file(str(file)))
-    return tensors
-
-
-def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
-                    device: str | torch.device = "cpu") -> LlamaModel:
-    """Build a :class:`LlamaModel` from a Hugging Face checkpoint folder.
-
-    Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
-    ``model.safetensors.index.json``). Every tensor must be accounted for:
-    missing, unexpected or wrongly shaped tensors raise ``ValueError`` naming
-    them. Returns the model in eval mode.
-    """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    config = load_config(folder)
-    dtype = _resolve_dtype(dtype)
-    with torch.device("meta"):
-        model = LlamaModel(config).to(dtype)
-    expected = {name: p for name, p in model.state_dict().items()}
-    raw = load_state_dict(folder)
-    tensors = {}
-    for name, t in raw.items():
-        if name.endswith(_IGNORED_SUFFIXES):
-            continue
-        tensors[_hf_to_servelab_name(name)] = t
-    if config.tie_word_embeddings and "lm_head.weight" in tensors:
-        # Some writers store the tied head anyway; it must equal the embedding.
-        head = tensors.pop("lm_head.weight")
-        if "embed_tokens.weight" in tensors and not torch.equal(head, tensors["embed_tokens.weight"]):
-            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from "
-                             "model.embed_tokens.weight; set tie_word_embeddings=false in config.json")
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing:
-        raise ValueError(f"checkpoint {folder} is missing tensor(s) "
-                         f"{['model.' + m if m != 'lm_head.weight' else m for m in missing][:8]}"
-                         f"{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        raise ValueError(f"checkpoint {folder} has unexpected tensor(s) {unexpected[:8]}"
-                         f"{' ...' if len(unexpected) > 8 else ''}; is it really a Llama model?")
-    for name, p in expected.items():
-        if tuple(tensors[name].shape) != tuple(p.shape):
-            raise ValueError(f"tensor {name} has shape {tuple(tensors[name].shape)} but config.json "
-                             f"implies {tuple(p.shape)}")
-    model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
-    if config.tie_word_embeddings:  # to_empty gave the head its own storage; share it again
-        model.lm_head.weight = model.embed_tokens.weight
-    # RoPE frequencies are computed, not stored, and kept in fp32 whatever the weights' dtype.
-    model.rotary.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
-    return model.eval()
-
-
-def load_course_model(name: str = "main", dtype: torch.dtype | str = torch.float32) -> LlamaModel:
-    """The course's tiny trained model: ``"main"`` (~6M parameters) or ``"draft"`` (~1M).
-
-    Both use the course tokenizer (``servelab.bpe.load_course_tokenizer()``) and
-    were trained by ``python -m servelab.train --preset main|draft``.
-    """
-    folder = COURSE_MODELS_DIR / (name if name.startswith("servelab-") else f"servelab-{name}")
-    if not (folder / "config.json").exists():
-        raise FileNotFoundError(f"course model {name!r} not found at {folder}; "
-                                f"train it with `python -m servelab.train --preset {name.removeprefix('servelab-')}`")
-    return load_pretrained(folder, dtype=dtype)
-
-
-def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[str, Any] | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in Hugging Face layout.
-
-    A tied head is stored once (as the embedding), as ``transformers`` does.
-    """
-    from safetensors.torch import save_file
-
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = model.config.to_hf_dict()
-    cfg["torch_dtype"] = str(model.embed_tokens.weight.dtype).replace("torch.", "")
-    if extra_config:
-        cfg.update(extra_config)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    tensors = {}
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and model.config.tie_word_embeddings:
-            continue
-        # a fresh copy: fused projections are views of one shared matrix, which safetensors refuses
-        tensors[name if name == "lm_head.weight" else "model." + name] = \
-            t.detach().cpu().clone(memory_format=torch.contiguous_format)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
-
-
-def count_parameters_from_config(config: LlamaConfig) -> dict[str, int]:
-    """Parameters by part, from the config alone: :func:`servelab.arith.count_params`
-    (the course's one counter) as a dict, plus ``per_layer``. The tests check it
-    against the real tensors."""
-    from servelab import arith
-    c = arith.count_params(config)
-    per_layer = (c.attention + c.mlp + c.norms - config.hidden_size) // config.num_hidden_layers
-    return {"embedding": c.embedding, "attention": c.attention, "mlp": c.mlp, "norms": c.norms,
-            "lm_head": c.lm_head, "per_layer": per_layer, "total": c.total}
