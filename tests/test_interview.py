@@ -140,3 +140,17 @@ def test_every_question_is_self_contained():
             body = text.partition("\n")[2]
             assert not re.search(r"\bQ\d\b", body), f"{ex}.{q.id} refers to another question: " + \
                 re.search(r".{0,40}\bQ\d\b.{0,40}", body).group(0)
+
+
+def test_grade_and_interview_import_in_one_direction():
+    """The interview builds on the grader, never the other way round: servelab.grade
+    (and the grading package under it) never imports servelab.interview, not even
+    inside a function, so there is no import circle."""
+    import ast
+    lib = ROOT / "lib" / "servelab"
+    for path in [lib / "grade.py", *sorted((lib / "grading").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("servelab.interview") for n in names), \
+                f"{path.relative_to(lib)} imports servelab.interview"

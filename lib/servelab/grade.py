@@ -35,7 +35,7 @@ import json
 import sys
 from pathlib import Path
 
-from servelab.grading import Question, Result, fmt_points, load_questions
+from servelab.grading import Question, Result, all_exercises, fmt_points, load_questions
 
 METADATA_KEY = "servelab"
 
@@ -59,7 +59,6 @@ def _known(exercise: str, where: str) -> list[Question]:
     try:
         return load_questions(exercise)
     except ValueError:
-        from servelab.interview import all_exercises
         raise ValueError(f"{where} names the exercise {exercise!r}, which does not exist (the graded "
                          f"exercises are {', '.join(all_exercises())}): correct the notebook's metadata "
                          f'("{METADATA_KEY}" under Edit > Notebook metadata)') from None
@@ -343,8 +342,6 @@ def progress_table(folder: Path, cell_timeout: float = 10.0, jobs: int = 1) -> t
     are; a notebook whose code is still the blank exercise's is "not started" without
     starting a kernel; a notebook naming an unknown exercise gets a row saying so.
     ``jobs`` notebooks are graded at once (each in its own process and kernel)."""
-    from servelab.interview import all_exercises
-
     known = set(all_exercises())
     found = find_exercises(folder)
     rows, to_grade = [], {}

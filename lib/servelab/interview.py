@@ -26,13 +26,12 @@ import datetime as _dt
 import json
 import os
 import re
-import pkgutil
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.grading import Question, load_questions
+from servelab.grading import Question, all_exercises, load_questions
 
 LEVELS = ("easy", "medium", "hard")
 _LOWER = {"easy": (), "medium": ("easy",), "hard": ("medium", "easy")}
@@ -44,13 +43,6 @@ class Pick:
 
     exercise: str
     question: Question
-
-
-def all_exercises() -> list[str]:
-    """Every graded exercise module (``ex02_tokens``, ...), in order."""
-    import servelab.grading.hidden as hidden
-
-    return sorted(m.name for m in pkgutil.iter_modules(hidden.__path__) if m.name.startswith("ex"))
 
 
 def pick_questions(level: str = "medium", minutes: int = 45, seed: int | None = None,

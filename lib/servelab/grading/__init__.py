@@ -146,6 +146,15 @@ def load_questions(exercise: str) -> list[Question]:
     return list(module.QUESTIONS)
 
 
+def all_exercises() -> list[str]:
+    """Every graded exercise module (``ex02_tokens``, ...), in order."""
+    import pkgutil
+
+    import servelab.grading.hidden as hidden
+
+    return sorted(m.name for m in pkgutil.iter_modules(hidden.__path__) if m.name.startswith("ex"))
+
+
 def get_question(exercise: str, question_id: str) -> Question:
     for q in load_questions(exercise):
         if q.id == question_id:
