@@ -258,12 +258,15 @@ def test_cli_main_tiny(monkeypatch, tmp_path, capsys):
     pytest.importorskip("torch")
     import json
 
-    real = rl.measure
-    monkeypatch.setattr(rl, "measure", lambda quick, threads, device="cpu": real(
+    from servelab import roofline_measure as rm  # the measuring half, where main() finds measure()
+
+    real = rm.measure
+    monkeypatch.setattr(rm, "measure", lambda quick, threads, device="cpu": real(
         model=TINY, batches=(1,), repeats=1, bandwidth_mb=4, matmul_n=32, progress=False, threads=threads,
         device=device))
     out = tmp_path / "r.json"
     png = tmp_path / "r.png"
+    assert rl.main is rm.main
     assert rl.main(["--json", str(out), "--plot", str(png)]) == 0
     assert json.loads(out.read_text())["rows"] and png.stat().st_size > 0
     assert "decode step" in capsys.readouterr().out
@@ -345,12 +348,12 @@ def test_a_gpu_is_synchronised_around_every_timed_call(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", device)))
     assert rl.check_device("cuda:1") == "cuda:1"
-    rl._median_seconds(lambda: events.append("call"), repeats=2, warmup=1, device="cuda:1")
+    rl.time_call(lambda: events.append("call"), repeats=2, warmup=1, device="cuda:1")
     assert events == ["call", ("sync", "cuda:1"), "call", ("sync", "cuda:1"), "call", ("sync", "cuda:1")]
     with pytest.raises(ValueError, match="2 CUDA GPU"):
         rl.check_device("cuda:2")
     with pytest.raises(ValueError, match="clock='cpu'"):
-        rl._median_seconds(lambda: None, 1, device="cuda", clock="cpu")
+        rl.time_call(lambda: None, 1, device="cuda", clock="cpu")
 
 
 def test_bandwidth_and_matmul_on_cuda():

@@ -40,6 +40,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from servelab.timing import check_device, synchronizer, time_call  # noqa: F401  (time_call re-exported)
+
 __all__ = [
     "Op", "SEQUENCES", "bytes_moved", "rmsnorm_residual", "swiglu", "fusion_measurement",
     "op_overhead_seconds", "count_ops", "decode_step", "step_overhead", "compile_step",
@@ -67,44 +69,18 @@ H100_MAX_REGISTERS_PER_THREAD = 255
 
 def _sync(device) -> None:
     """Wait for everything queued on ``device`` (a GPU runs its kernels after the call returns)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    synchronizer(device)()
 
 
 def _check_device(device) -> torch.device:
-    """``device`` ("cpu", "cuda", "cuda:N" or a ``torch.device``) checked as
-    :func:`servelab.roofline.check_device` checks it: anything else is a ValueError."""
-    from servelab.roofline import check_device
-
+    """``device`` ("cpu", "cuda", "cuda:N" or a ``torch.device``) checked by
+    :func:`servelab.timing.check_device`: anything else is a ValueError."""
     return torch.device(check_device(device))
 
 
 def _model_device(model) -> torch.device:
     param = next(model.parameters(), None)
     return _check_device(param.device if param is not None else "cpu")
-
-
-def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device="cpu",
-              statistic: str = "min") -> float:
-    """Seconds one call of ``fn`` takes: the minimum (default) or median of ``repeats`` calls.
-
-    On a GPU (``device="cuda"``) the device is synchronised before the clock starts
-    and after each call, so the time is the work's and not only its launch.
-    """
-    if statistic not in ("min", "median"):
-        raise ValueError(f"statistic must be 'min' or 'median', got {statistic!r}")
-    dev = _check_device(device)
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    return min(times) if statistic == "min" else statistics.median(times)
 
 
 # ---------------------------------------------------------------- fusion: bytes
@@ -206,7 +182,7 @@ def fusion_measurement(kind: str = "swiglu", rows: int = 256, width: int = 8192,
     numel = rows * width
     elem = torch.empty((), dtype=dtype).element_size()
     with torch.inference_mode():
-        eager_s = time_call(lambda: fn(*args), repeats, device=dev)
+        eager_s = time_call(lambda: fn(*args), repeats, device=dev, statistic="min")
         out = {"kind": kind, "numel": numel, "dtype": str(dtype).replace("torch.", ""),
                "eager_s": eager_s, "unfused_bytes": bytes_moved(kind, numel, elem),
                "fused_bytes": bytes_moved(kind, numel, elem, fused=True)}
@@ -217,7 +193,7 @@ def fusion_measurement(kind: str = "swiglu", rows: int = 256, width: int = 8192,
             result = compiled(*args)
             _sync(dev)
             out["compile_s"] = time.perf_counter() - t0
-            fused_s = time_call(lambda: compiled(*args), repeats, device=dev)
+            fused_s = time_call(lambda: compiled(*args), repeats, device=dev, statistic="min")
             ref = fn(*args)
             pairs = zip(result, ref) if isinstance(ref, tuple) else [(result, ref)]
             out["agree"] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
@@ -239,17 +215,13 @@ def op_overhead_seconds(repeats: int = 2000, device="cpu") -> float:
         raise ValueError(f"repeats must be a whole number >= 20, got {repeats!r}")
     x = torch.zeros(1, device=dev)
     per_batch = repeats // 20
-    samples = []
+
+    def batch():
+        for _ in range(per_batch):
+            x.add_(1)
+
     with torch.inference_mode():
-        x.add_(1)
-        for _ in range(20):
-            _sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(per_batch):
-                x.add_(1)
-            _sync(dev)
-            samples.append((time.perf_counter() - t0) / per_batch)
-    return statistics.median(samples)
+        return time_call(batch, 20, warmup=1, device=dev) / per_batch
 
 
 def count_ops(fn: Callable[[], Any]) -> Counter:
@@ -304,7 +276,7 @@ def step_overhead(model, batch: int = 1, context: int = 16, repeats: int = 20,
     ops = count_ops(step)
     n_ops = sum(ops.values())
     op_s = op_overhead_seconds(device=dev) if op_seconds is None else op_seconds
-    step_s = time_call(step, repeats, device=dev)
+    step_s = time_call(step, repeats, device=dev, statistic="min")
     return {"ops": n_ops, "op_seconds": op_s, "step_seconds": step_s,
             "overhead_share": min(1.0, n_ops * op_s / step_s), "top_ops": ops.most_common(8)}
 
@@ -328,7 +300,8 @@ def compiled_step(model, batch: int = 1, context: int = 16, repeats: int = 20,
     out = cstep()
     _sync(dev)
     first_s = time.perf_counter() - t0
-    return {"first_call_s": first_s, "step_s": time_call(cstep, repeats, device=dev), "out": out}
+    return {"first_call_s": first_s, "step_s": time_call(cstep, repeats, device=dev, statistic="min"),
+            "out": out}
 
 
 def compile_step(model, batch: int = 1, context: int = 16, repeats: int = 20) -> dict[str, Any]:
@@ -342,7 +315,7 @@ def compile_step(model, batch: int = 1, context: int = 16, repeats: int = 20) ->
     """
     dev = _model_device(model)
     step = decode_step(model, batch, context)
-    eager_s = time_call(step, repeats, device=dev)
+    eager_s = time_call(step, repeats, device=dev, statistic="min")
     ref = step()
     ind = compiled_step(model, batch, context, repeats, backend="inductor")
     cap = compiled_step(model, batch, context, repeats, backend="eager")
