@@ -100,7 +100,7 @@ def instrument(engine) -> PhaseTimer:
     runner = engine.runner
     timer.wrap(engine.scheduler, "schedule", "schedule")
     prepare = engine_module.prepare_step
-    engine_module.prepare_step = lambda plan: _timed(timer, "prepare", prepare, plan)
+    timer.wrap(engine_module, "prepare_step", "prepare", record=False)  # a module: restore() puts it back
     timer.wrap(runner, "execute", "layers")
     if hasattr(runner, "context"):
         make = runner.context
@@ -129,11 +129,6 @@ def instrument(engine) -> PhaseTimer:
         vars(runner).pop("context", None)
     timer.restore = restore
     return timer
-
-
-def _timed(timer, name, fn, *args):
-    with timer.phase(name):
-        return fn(*args)
 
 
 def build_model(quick: bool = False, seed: int = 0):

@@ -11,12 +11,12 @@ charges for ``algorithm="ring"``.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from servelab.parallel.launch import DEFAULT_TIMEOUT_S, launch
+from servelab.timing import call_seconds
 
 __all__ = ["ring_all_reduce", "measure_collectives", "compare_ring_with_gloo"]
 
@@ -59,14 +59,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> dict:
     return {"steps": 2 * (world - 1), "bytes_sent": sent}
 
 
-def _timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _timed(fn) -> float:
+    """Seconds of one call of ``fn``, every rank lined up by a barrier first (untimed)."""
+    return call_seconds(fn, 1, warmup=0, before=dist.barrier)[0]
 
 
 def _measure_worker(rank: int, world: int, sizes: list[int], repeats: int) -> list[dict]:
@@ -79,9 +74,9 @@ def _measure_worker(rank: int, world: int, sizes: list[int], repeats: int) -> li
         # interleave the three so drift on a shared machine hits them alike
         row = {"bytes": n * 4, "gloo": [], "ring": [], "all_to_all": []}
         for _ in range(repeats):
-            row["gloo"].append(_timed(lambda: dist.all_reduce(x), 1))
-            row["ring"].append(_timed(lambda: ring_all_reduce(y), 1))
-            row["all_to_all"].append(_timed(lambda: dist.all_to_all_single(a2a_out, a2a_in), 1))
+            row["gloo"].append(_timed(lambda: dist.all_reduce(x)))
+            row["ring"].append(_timed(lambda: ring_all_reduce(y)))
+            row["all_to_all"].append(_timed(lambda: dist.all_to_all_single(a2a_out, a2a_in)))
         entry = {"bytes": n * 4}
         for name in ("gloo", "ring", "all_to_all"):
             entry[f"{name}_s"] = statistics.median(row[name])
