@@ -8,7 +8,6 @@ processes import it by name), never in a notebook.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 import traceback
@@ -20,16 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from servelab.ports import free_port
+
 __all__ = ["free_port", "launch", "stall", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, fn: Callable, world_size: int, port: int, out_dir: str, args: tuple,
