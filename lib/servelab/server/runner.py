@@ -1,8 +1,8 @@
 """Building the served engine, and running the app: in a thread, a process, or the shell.
 
-* :func:`build_engine` - an :class:`~servelab.engine.LLMEngine` exactly as
-  ``LLM(...)`` builds it (same pool, same tokenizer), so greedy text through
-  the server equals ``LLM.generate``.
+* :func:`build_engine` (from :mod:`servelab.server.core`) - an
+  :class:`~servelab.engine.LLMEngine` exactly as ``LLM(...)`` builds it (same
+  pool, same tokenizer), so greedy text through the server equals ``LLM.generate``.
 * :class:`ServerThread` - uvicorn in a background thread of this process, on
   a port the OS picks (tests, benchmarks).
 * :func:`launch` - ``python -m servelab.server`` as a background process
@@ -38,23 +38,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from servelab.ports import free_port  # noqa: F401  (the one free_port; re-exported)
+from servelab.server.core import build_engine
+
 __all__ = ["build_engine", "free_port", "ServerThread", "ServerProcess", "launch", "main",
            "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = "data/models/servelab-main"
-
-
-def build_engine(model=DEFAULT_MODEL, tokenizer=None, **options):
-    """The engine ``LLM(model, tokenizer, **options)`` would use (vLLM's option names)."""
-    from servelab.engine import LLM
-    return LLM(model, tokenizer, **options).engine
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (another process could take it before you do)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _server(app, config):
@@ -284,7 +274,7 @@ def main(argv=None) -> int:
                    max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed, dtype=args.dtype)
     if args.engine_process:  # the engine core gets its own process (and interpreter lock)
-        from servelab.server.core import EngineCoreClient
+        from servelab.server.client import EngineCoreClient
         torch.set_num_threads(1)
         engine = EngineCoreClient(args.model, threads=args.threads, **options)
     else:
