@@ -14,12 +14,15 @@ One responsibility per file, read in this order:
 * ``detokenizer.py``  - ids to text, a token at a time.
 * ``engine.py``       - ``LLMEngine``: add_request / step / abort_request, stop rules, streaming.
 * ``llm.py``          - ``LLM``: offline ``generate`` in vLLM's shape.
+* ``executor.py``     - the engine on many processes (``tensor_parallel_size``): rank 0
+  plans and samples, every rank runs its shard of the model.
 * ``static.py``       - the static-batching baseline, for comparison.
 * ``toy.py``          - a model-free runner for tests and demos.
 * ``profile.py``      - ``python -m servelab.engine.profile``: where a step's time goes.
 """
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import LLMEngine, StepStats
+from servelab.engine.executor import EngineDeadError, TensorParallelExecutor
 from servelab.engine.llm import LLM, load_tokenizer
 from servelab.engine.model_runner import ModelRunner, StepInput, prepare_step
 from servelab.engine.scheduler import Scheduler, SchedulerOutput, ScheduledSequence
@@ -32,7 +35,8 @@ __all__ = [
     "EngineConfig", "LLMEngine", "StepStats", "LLM", "load_tokenizer", "ModelRunner", "StepInput",
     "prepare_step", "Scheduler", "SchedulerOutput", "ScheduledSequence", "CompletionOutput",
     "RequestMetrics", "RequestOutput", "Sequence", "SequenceStatus", "StaticBatchEngine",
-    "ToyRunner", "toy_greedy_generate", "toy_logits", "SamplingParams",
+    "ToyRunner", "toy_greedy_generate", "toy_logits", "SamplingParams", "EngineDeadError",
+    "TensorParallelExecutor",
 ]
 
 

@@ -97,7 +97,51 @@ class LLMEngine:
         too small for one sequence of the ``max_model_len`` asked for.
         """
         from servelab.engine.model_runner import ModelRunner
-        limit = model.config.max_position_embeddings
+        cfg = cls._engine_config(model.config, config)
+        runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype,
+                             compile=not enforce_eager)
+        eos = cls._eos(model.config, tokenizer)
+        spec = None
+        if speculative_config is not None:  # vLLM's dict: {"model": ..., "num_speculative_tokens": k}
+            from servelab.engine.spec_decode import SpecDecoder
+            spec = SpecDecoder(speculative_config, model, cfg.max_model_len)
+        return cls(runner, cfg, tokenizer, eos_token_ids=eos, seed=seed, spec_decoder=spec)
+
+    @classmethod
+    def tensor_parallel(cls, model, tokenizer=None, *, tensor_parallel_size: int, seed: int = 0,
+                        dtype="float32", kv_dtype=None, distributed_executor_backend: str | None = None,
+                        timeout_s: float | None = None, **config) -> "LLMEngine":
+        """An engine whose model is split over ``tensor_parallel_size`` processes
+        (:class:`~servelab.engine.executor.TensorParallelExecutor`); same scheduler,
+        sampler and outputs as :meth:`from_model`.
+
+        ``model`` is a checkpoint folder (each rank reads its own slices) or a
+        :class:`servelab.model.LlamaModel`. ``timeout_s`` bounds each collective: a
+        worker silent for that long is declared dead. Call :meth:`shutdown` (or let the
+        process end) to stop the workers.
+        """
+        from servelab.engine.executor import DEFAULT_TP_TIMEOUT_S, TensorParallelExecutor
+        from servelab.model import LlamaModel, _resolve_dtype, load_config
+        model_config = model.config if isinstance(model, LlamaModel) else load_config(model)
+        cfg = cls._engine_config(model_config, config)
+        executor = TensorParallelExecutor(
+            model, tensor_parallel_size, num_kv_blocks=cfg.num_kv_blocks, block_size=cfg.block_size,
+            dtype=_resolve_dtype(dtype), kv_dtype=kv_dtype, backend=distributed_executor_backend,
+            timeout_s=DEFAULT_TP_TIMEOUT_S if timeout_s is None else timeout_s)
+        return cls(executor, cfg, tokenizer, eos_token_ids=cls._eos(model_config, tokenizer), seed=seed)
+
+    @staticmethod
+    def _eos(model_config, tokenizer) -> list[int]:
+        eos = model_config.eos_token_ids
+        if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
+            eos = [tokenizer.eot_token]
+        return eos
+
+    @staticmethod
+    def _engine_config(model_config, config: dict) -> EngineConfig:
+        """The engine's settings checked against the model's context (see :meth:`from_model`)."""
+        config = dict(config)
+        limit = model_config.max_position_embeddings
         explicit = config.get("max_model_len") is not None
         if not explicit:  # the model's context, or what the pool holds if that is less
             probe = EngineConfig(**{**config, "max_model_len": limit})
@@ -111,16 +155,7 @@ class LLMEngine:
                              f"{cfg.block_size}), less than one sequence of max_model_len="
                              f"{cfg.max_model_len}; raise num_kv_blocks to at least "
                              f"{-(-cfg.max_model_len // cfg.block_size)} or lower max_model_len")
-        runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, kv_dtype=kv_dtype,
-                             compile=not enforce_eager)
-        eos = model.config.eos_token_ids
-        if not eos and tokenizer is not None and getattr(tokenizer, "eot_token", None) is not None:
-            eos = [tokenizer.eot_token]
-        spec = None
-        if speculative_config is not None:  # vLLM's dict: {"model": ..., "num_speculative_tokens": k}
-            from servelab.engine.spec_decode import SpecDecoder
-            spec = SpecDecoder(speculative_config, model, cfg.max_model_len)
-        return cls(runner, cfg, tokenizer, eos_token_ids=eos, seed=seed, spec_decoder=spec)
+        return cfg
 
     # -- requests -------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params=None, *,
@@ -522,3 +557,14 @@ class LLMEngine:
 
     def kv_usage(self):
         return self.scheduler.kv_usage()
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine cannot step any more (a tensor-parallel worker died or hung)."""
+        return getattr(self.runner, "dead", None) is not None
+
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if it has any (a tensor-parallel engine); safe to call twice."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()

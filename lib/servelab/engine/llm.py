@@ -14,6 +14,7 @@ the others are unaffected.
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 from servelab.engine.engine import LLMEngine
@@ -54,6 +55,17 @@ class LLM:
     written for vLLM runs here unchanged: ``skip_tokenizer_init=True`` (no
     tokenizer: prompts are token ids, outputs carry ids and empty text) and
     ``num_gpu_blocks_override`` (the KV pool's blocks, same as ``num_kv_blocks``).
+
+    ``tensor_parallel_size=N`` splits the model over N processes, as vLLM does
+    (:mod:`servelab.engine.executor`): this process plans, samples and runs shard
+    0; N-1 workers run the others. Same tokens as one process. A size that does
+    not divide the model's heads is refused with the sizes that work; so are
+    quantization, speculative decoding and ``enforce_eager=False``, which the
+    split does not run yet. Under torchrun (``distributed_executor_backend``
+    ``None`` or ``"torchrun"``), ``LLM(...)`` returns on rank 0 only: on the other
+    ranks it serves as a worker and then exits the process. ``shutdown()`` stops
+    the workers; ``tensor_parallel_timeout_s`` (default 60) is how long a silent
+    worker may take before the engine is declared dead (:class:`EngineDeadError`).
     """
 
     DEFAULT_POOL_TOKENS = 32_768
@@ -64,8 +76,10 @@ class LLM:
                  long_prefill_token_threshold: int | None = None, max_model_len: int | None = None,
                  dtype="float32", kv_dtype=None, seed: int = 0, quantization: str | None = None,
                  speculative_config: dict | None = None, enforce_eager: bool = True,
-                 skip_tokenizer_init: bool = False, num_gpu_blocks_override: int | None = None):
-        from servelab.model import LlamaModel, load_pretrained
+                 skip_tokenizer_init: bool = False, num_gpu_blocks_override: int | None = None,
+                 tensor_parallel_size: int = 1, distributed_executor_backend: str | None = None,
+                 tensor_parallel_timeout_s: float | None = None):
+        from servelab.model import LlamaModel, load_config, load_pretrained
         if num_gpu_blocks_override is not None:
             if num_kv_blocks is not None and num_kv_blocks != num_gpu_blocks_override:
                 raise ValueError(f"num_kv_blocks={num_kv_blocks} and num_gpu_blocks_override="
@@ -74,6 +88,37 @@ class LLM:
         if skip_tokenizer_init and tokenizer is not None:
             raise ValueError("skip_tokenizer_init=True with a tokenizer given; drop one of them")
         folder = None
+        if tensor_parallel_size != 1:
+            _refuse_for_tensor_parallel(tensor_parallel_size, quantization, speculative_config, enforce_eager)
+            from servelab.engine.executor import check_tensor_parallel_size, run_worker, under_torchrun
+            if not isinstance(model, LlamaModel):
+                folder = Path(model)
+            config = model.config if folder is None else load_config(folder)
+            check_tensor_parallel_size(config, tensor_parallel_size)  # refused here, before any process starts
+            if num_kv_blocks is None:
+                num_kv_blocks = self._default_blocks(config, max_model_len, max_num_seqs, block_size)
+            if (distributed_executor_backend in (None, "torchrun") and under_torchrun()
+                    and int(os.environ["RANK"]) != 0):
+                if folder is None:
+                    raise ValueError("under torchrun every rank reads its shard from a checkpoint folder; "
+                                     "pass the folder, not a LlamaModel")
+                # a worker rank: serve rank 0's engine until it shuts down, then leave
+                run_worker(folder, dtype=dtype, kv_dtype=kv_dtype, num_kv_blocks=num_kv_blocks,
+                           block_size=block_size, timeout_s=tensor_parallel_timeout_s or 60.0)
+                raise SystemExit(0)
+            if tokenizer is None and not skip_tokenizer_init:
+                tokenizer = load_tokenizer(folder)
+            self.model = None  # the weights live in the ranks' shards
+            self.tokenizer = tokenizer
+            self.engine = LLMEngine.tensor_parallel(
+                model, tokenizer, tensor_parallel_size=tensor_parallel_size, seed=seed, dtype=dtype,
+                kv_dtype=kv_dtype, distributed_executor_backend=distributed_executor_backend,
+                timeout_s=tensor_parallel_timeout_s, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
+                long_prefill_token_threshold=long_prefill_token_threshold, max_model_len=max_model_len)
+            self._ids = itertools.count()
+            return
         if not isinstance(model, LlamaModel):
             folder = Path(model)
             model = load_pretrained(folder, dtype=dtype)
@@ -83,10 +128,8 @@ class LLM:
             tokenizer = load_tokenizer(folder)
         self.model = model
         self.tokenizer = tokenizer
-        if num_kv_blocks is None:  # at least one full-length sequence always fits
-            context = max_model_len or model.config.max_position_embeddings
-            pool = max(min(max_num_seqs * context, self.DEFAULT_POOL_TOKENS), context)
-            num_kv_blocks = -(-pool // block_size)
+        if num_kv_blocks is None:
+            num_kv_blocks = self._default_blocks(model.config, max_model_len, max_num_seqs, block_size)
         self.engine = LLMEngine.from_model(
             model, tokenizer, seed=seed, kv_dtype=kv_dtype, block_size=block_size,
             speculative_config=speculative_config, enforce_eager=enforce_eager,
@@ -149,6 +192,17 @@ class LLM:
     @property
     def config(self):
         return self.engine.config
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (a tensor-parallel engine); safe to call twice."""
+        self.engine.shutdown()
+
+    @classmethod
+    def _default_blocks(cls, config, max_model_len, max_num_seqs: int, block_size: int) -> int:
+        """At least one full-length sequence always fits; at most ``DEFAULT_POOL_TOKENS`` slots."""
+        context = max_model_len or config.max_position_embeddings
+        pool = max(min(max_num_seqs * context, cls.DEFAULT_POOL_TOKENS), context)
+        return -(-pool // block_size)
 
 
 def normalize_prompts(prompts) -> list[tuple[str | list[int], str | None]]:
@@ -218,6 +272,21 @@ def _token_list(ids, where: str) -> list[int]:
         raise ValueError(f"{where}[{bad}] is {ids[bad]!r} ({type(ids[bad]).__name__}), not a token id; "
                          f"a token-id prompt is a flat list of ints (several prompts: a list of such lists)")
     return [int(t) for t in ids]
+
+
+def _refuse_for_tensor_parallel(size, quantization, speculative_config, enforce_eager) -> None:
+    """What a split engine does not run yet, refused before any process starts, with the reason."""
+    if quantization is not None:
+        raise ValueError(f"quantization={quantization!r} with tensor_parallel_size={size}: the shards are "
+                         "cut from the full-precision checkpoint and the quantized layers have no split "
+                         "form yet; pass quantization=None or tensor_parallel_size=1")
+    if speculative_config is not None:
+        raise ValueError(f"speculative decoding with tensor_parallel_size={size}: the draft model would "
+                         "need its own split and K/V pools on every rank, which this engine does not "
+                         "build yet; drop speculative_config or use tensor_parallel_size=1")
+    if not enforce_eager:
+        raise ValueError(f"enforce_eager=False with tensor_parallel_size={size}: the compiled step has no "
+                         "place for the collectives between layers yet; keep enforce_eager=True")
 
 
 def _quantize(model, scheme: str):

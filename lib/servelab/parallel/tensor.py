@@ -209,7 +209,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
-        if dist.is_available() and dist.is_initialized():
+        if self.group is not None or (dist.is_available() and dist.is_initialized()):
             t0 = time.perf_counter()
             dist.all_reduce(y, group=self.group)
             self.seconds += time.perf_counter() - t0
@@ -233,7 +233,8 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight)
-        if not (dist.is_available() and dist.is_initialized()) or len(self.bounds) == 1:
+        talks = self.group is not None or (dist.is_available() and dist.is_initialized())
+        if not talks or len(self.bounds) == 1:
             return local
         width = max(b - a for a, b in self.bounds)
         padded = F.pad(local, (0, width - local.shape[-1]))
@@ -247,15 +248,19 @@ class VocabParallelHead(nn.Module):
 
 
 def build_shard(config: LlamaConfig, shard_state: dict[str, torch.Tensor], rank: int,
-                world_size: int) -> LlamaModel:
-    """A :class:`LlamaModel` for one rank: the shard config, row-parallel o/down, vocab-parallel head."""
+                world_size: int, group=None) -> LlamaModel:
+    """A :class:`LlamaModel` for one rank: the shard config, row-parallel o/down, vocab-parallel head.
+
+    ``group``: the process group the collectives run on (default: the process's default group).
+    """
     local = shard_config(config, world_size)
     model = LlamaModel(local)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.o_proj = RowParallelLinear(attn.num_heads * attn.head_dim, config.hidden_size, config.attention_bias)
-        mlp.down_proj = RowParallelLinear(local.intermediate_size, config.hidden_size, config.mlp_bias)
-    model.lm_head = VocabParallelHead(config.hidden_size, config.vocab_size, rank, world_size)
+        attn.o_proj = RowParallelLinear(attn.num_heads * attn.head_dim, config.hidden_size, config.attention_bias,
+                                        group=group)
+        mlp.down_proj = RowParallelLinear(local.intermediate_size, config.hidden_size, config.mlp_bias, group=group)
+    model.lm_head = VocabParallelHead(config.hidden_size, config.vocab_size, rank, world_size, group=group)
     dtype = shard_state["embed_tokens.weight"].dtype
     model = model.to(dtype)
     model.load_state_dict(shard_state, strict=True)

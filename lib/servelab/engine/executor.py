@@ -1,0 +1,512 @@
+"""The engine on many processes: tensor parallelism as vLLM runs it.
+
+``LLM(model, tensor_parallel_size=N)`` splits the model over ``N`` processes
+(:mod:`servelab.parallel.tensor`: whole heads and a slice of the MLP per rank,
+two all-reduces per layer, the head split by vocabulary). The scheduler, the
+sampler and the stop rules stay in one place, the engine core. Each process is
+a *rank*:
+
+* **rank 0 is the engine core** (vLLM's "driver worker"): it plans each step,
+  runs its own shard's forward pass and samples;
+* **ranks 1..N-1 are workers**: each holds its weight shard, read straight
+  from the checkpoint (:func:`~servelab.parallel.tensor.load_shard`), and its own
+  K/V heads' block pool. The pools have the same blocks on every rank, so one
+  block table, kept by rank 0's scheduler, serves all of them.
+
+Every step, rank 0 sends every worker the same step plan
+(:class:`~servelab.engine.model_runner.StepInput`: token ids, positions, slot
+mapping, block tables, which rows need logits) once. Then every rank runs the
+model's one forward path over its shard; the all-reduces inside the layers
+keep the ranks in step. The gathered logits reach every rank; rank 0 samples.
+
+Two gloo groups join the ranks. The *control* group carries the step plans and
+waits without a deadline (an idle engine sends nothing). The *compute* group
+carries the forward pass's collectives and has a timeout: a worker that hangs
+makes rank 0's next collective fail after ``timeout_s`` seconds, and a worker
+that dies closes its sockets, which fails the collective at once. Either way
+the engine is then dead (:class:`EngineDeadError`, naming the rank and, when
+this process started it, its exit code); the engine's requests fail with that
+message and the executor kills what is left of its workers.
+
+The ranks start in one of two ways:
+
+* **spawned** (the default): rank 0 starts ``N-1`` local processes;
+* **under torchrun** (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+  ``MASTER_PORT`` in the environment): every process runs the same script; on
+  rank 0 ``LLM(...)`` returns an engine, on the others it serves as a worker
+  until rank 0 shuts down, then exits the process. The same script spans
+  machines with no code change::
+
+      torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 \\
+          --master-addr 10.0.0.1 --master-port 29500 script.py   # machine A
+      torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 \\
+          --master-addr 10.0.0.1 --master-port 29500 script.py   # machine B
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+import weakref
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from servelab.engine.model_runner import ModelRunner, StepInput
+from servelab.model import LlamaConfig, LlamaModel, load_config
+from servelab.parallel.launch import free_port
+from servelab.parallel.tensor import build_shard, comm_counters, load_shard, shard_config, shard_state_dict
+
+__all__ = ["EngineDeadError", "TensorParallelExecutor", "check_tensor_parallel_size", "valid_tensor_parallel_sizes",
+           "under_torchrun", "run_worker", "DEFAULT_TP_TIMEOUT_S"]
+
+DEFAULT_TP_TIMEOUT_S = 60.0
+_CONTROL_TIMEOUT = timedelta(days=24)  # an idle engine sends nothing; gloo keeps the milliseconds in 32 bits
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot step any more: a tensor-parallel worker died or stopped answering.
+
+    vLLM's name for the same condition. Every request the engine held fails
+    with this message; a server reports itself unhealthy.
+    """
+
+
+# ---------------------------------------------------------------------------
+# the sizes that work
+# ---------------------------------------------------------------------------
+
+def valid_tensor_parallel_sizes(config: LlamaConfig, limit: int = 64) -> list[int]:
+    """Every world size up to ``limit`` that :func:`~servelab.parallel.tensor.shard_config` accepts."""
+    ok = []
+    for w in range(1, limit + 1):
+        try:
+            shard_config(config, w)
+        except ValueError:
+            continue
+        ok.append(w)
+    return ok
+
+
+def check_tensor_parallel_size(config: LlamaConfig, size) -> int:
+    """``size`` if the model splits into that many ranks; else ``ValueError`` naming the sizes that do."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"tensor_parallel_size must be a positive integer, got {size!r}")
+    try:
+        shard_config(config, size)
+    except ValueError as exc:
+        sizes = ", ".join(str(w) for w in valid_tensor_parallel_sizes(config))
+        raise ValueError(f"tensor_parallel_size={size} cannot split this model: {exc}. "
+                         f"Sizes that work for it: {sizes}") from None
+    return size
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) set this process's rank in the environment."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+# ---------------------------------------------------------------------------
+# messages: one plan per step, over the control group
+# ---------------------------------------------------------------------------
+
+def _send(obj, group) -> None:
+    """Rank 0: broadcast a picklable object (its length, then its bytes)."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    dist.broadcast(torch.tensor([payload.numel()], dtype=torch.long), group=group, group_src=0)
+    dist.broadcast(payload, group=group, group_src=0)
+
+
+def _receive(group):
+    """A worker: the next object rank 0 broadcasts."""
+    size = torch.empty(1, dtype=torch.long)
+    dist.broadcast(size, group=group, group_src=0)
+    payload = torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(payload, group=group, group_src=0)
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def _private_groups(rank: int, world: int, port: int, timeout_s: float, startup_s: float, host="127.0.0.1",
+                    procs=()):
+    """A compute group (deadline ``timeout_s``) and a control group (no practical deadline)
+    on a TCP store of their own: not the process's default group, so one process may hold
+    several engines (tests, a notebook). Rank 0 waits for every worker to check in,
+    watching ``procs``: a worker that dies while starting fails the start at once."""
+    store = dist.TCPStore(host, port, world, rank == 0, timeout=timedelta(seconds=startup_s),
+                          wait_for_workers=False)
+    if rank:
+        store.set(f"joined/{rank}", "1")
+    else:
+        deadline = time.monotonic() + startup_s
+        keys = [f"joined/{r}" for r in range(1, world)]
+        while not store.check(keys):
+            dead = [f"rank {r + 1} {_describe_exit(p.exitcode)}" for r, p in enumerate(procs) if not p.is_alive()]
+            if dead:
+                raise RuntimeError("a worker ended while starting: " + "; ".join(dead))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not check in within {startup_s:g} s")
+            time.sleep(0.02)
+    compute = dist.ProcessGroupGloo(dist.PrefixStore("compute", store), rank, world,
+                                    timedelta(seconds=timeout_s))
+    control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, world, _CONTROL_TIMEOUT)
+    return store, compute, control
+
+
+def _torchrun_groups(timeout_s: float):
+    """Under torchrun: the default group (from the environment) computes; a second one controls."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return None, dist.group.WORLD, dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------
+# one rank's shard and pool
+# ---------------------------------------------------------------------------
+
+def _build_runner(source: dict, rank: int, world: int, options: dict, group) -> ModelRunner:
+    """This rank's shard (read from the checkpoint or its shard file) in a paged-pool runner."""
+    dtype = options["dtype"]
+    if source["kind"] == "path":
+        config, state = load_shard(source["path"], rank, world, dtype)
+    else:
+        config = LlamaConfig(**source["config"])
+        state = {k: v.to(dtype) for k, v in torch.load(source["shards"][rank], weights_only=True).items()}
+    model = build_shard(config, state, rank, world, group=group)  # collectives on the compute group
+    return ModelRunner(model, options["num_blocks"], options["block_size"], kv_dtype=options.get("kv_dtype"))
+
+
+def _gather(row: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``row``, stacked ``[world, len(row)]`` (on every rank)."""
+    parts = [torch.empty_like(row) for _ in range(group.size())]
+    dist.all_gather(parts, row, group=group)
+    return torch.stack(parts)
+
+
+def _holdings(runner: ModelRunner) -> list[int]:
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    cfg = runner.config
+    return [runner.kv_pool_bytes, weights, cfg.num_attention_heads, cfg.num_key_value_heads]
+
+
+def _serve(runner: ModelRunner, compute, control) -> None:
+    """The worker loop: receive a plan, run it, until rank 0 says stop."""
+    _gather(torch.tensor(_holdings(runner), dtype=torch.long), compute)
+    while True:
+        msg = _receive(control)
+        kind = msg[0]
+        if kind == "step":
+            runner.execute(msg[1])
+        elif kind == "stats":
+            counters = comm_counters(runner.model)
+            row = torch.tensor([counters["all_reduce_seconds"], counters["gather_seconds"]], dtype=torch.float64)
+            _gather(row, compute)
+        elif kind == "stop":
+            return
+        else:  # pragma: no cover - a bug in rank 0
+            raise RuntimeError(f"unknown message {kind!r}")
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (no orphan worker)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed sockets end the worker instead
+        pass
+
+
+def _spawned_worker(rank: int, world: int, port: int, source: dict, options: dict, err_dir: str) -> None:
+    """Entry point of a spawned worker process."""
+    _die_with_parent()
+    torch.set_num_threads(options.get("threads", 1))
+    try:
+        store, compute, control = _private_groups(rank, world, port, options["timeout_s"], options["startup_s"])
+        runner = _build_runner(source, rank, world, options, compute)
+        with torch.inference_mode():
+            _serve(runner, compute, control)
+    except BaseException:  # noqa: BLE001 - rank 0 reads why
+        Path(err_dir, f"rank{rank}.err").write_text(traceback.format_exc())
+        os._exit(1)
+    os._exit(0)  # skip torch's teardown: rank 0 is waiting for this process to go
+
+
+def run_worker(model, *, dtype="float32", kv_dtype=None, num_kv_blocks: int, block_size: int = 16,
+               timeout_s: float = DEFAULT_TP_TIMEOUT_S) -> None:
+    """Under torchrun, on a rank other than 0: serve as a worker until rank 0 shuts down.
+
+    :class:`~servelab.engine.llm.LLM` calls it (then exits the process) when it is
+    built on such a rank; ``python -m servelab.server`` does the same.
+    """
+    from servelab.model import _resolve_dtype
+    _die_with_parent()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _, compute, control = _torchrun_groups(timeout_s)
+    options = {"dtype": _resolve_dtype(dtype), "kv_dtype": kv_dtype, "num_blocks": num_kv_blocks,
+               "block_size": block_size}
+    runner = _build_runner({"kind": "path", "path": str(model)}, rank, world, options, compute)
+    with torch.inference_mode():
+        try:
+            _serve(runner, compute, control)
+        except RuntimeError:  # rank 0 went away: nothing left to serve
+            pass
+
+
+# ---------------------------------------------------------------------------
+# rank 0
+# ---------------------------------------------------------------------------
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "is still running (it stopped answering)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _kill(procs, grace_s: float = 2.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+class TensorParallelExecutor:
+    """Rank 0's side: the engine's runner for a model split over ``world_size`` processes.
+
+    It has the runner's interface (``execute(step) -> logits``, ``vocab_size``,
+    ``kv_pool_bytes``), so :class:`~servelab.engine.engine.LLMEngine` drives it
+    like one process's :class:`~servelab.engine.model_runner.ModelRunner`.
+
+    ``source`` is a checkpoint folder (every rank reads its own slices) or a
+    :class:`~servelab.model.LlamaModel` (its shards are written to a temporary
+    folder, one file per rank). ``timeout_s`` bounds every collective of the
+    forward pass: a hung worker is declared dead after that long.
+
+    ``stats`` (rank 0's clock): ``steps``, ``step_seconds`` (plan sent to
+    logits back), ``plan_seconds`` (sending the plans), ``all_reduce_seconds``
+    and ``gather_seconds`` (inside the forward pass's collectives, transfer plus
+    any wait for a slower rank), ``all_reduces``, ``all_reduce_bytes``, ``gathers``,
+    ``gather_bytes``.
+    """
+
+    def __init__(self, source, world_size: int, *, num_kv_blocks: int, block_size: int, dtype=torch.float32,
+                 kv_dtype=None, timeout_s: float = DEFAULT_TP_TIMEOUT_S, startup_s: float = 120.0,
+                 threads: int = 1, backend: str | None = None):
+        if isinstance(source, LlamaModel):
+            config = source.config
+        else:
+            source = Path(source)
+            config = load_config(source)
+        check_tensor_parallel_size(config, world_size)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive seconds, got {timeout_s!r}")
+        if backend not in (None, "mp", "torchrun"):
+            raise ValueError(f"distributed_executor_backend must be None, 'mp' or 'torchrun', got {backend!r}")
+        if backend is None:
+            backend = "torchrun" if under_torchrun() else "mp"
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout_s = float(timeout_s)
+        self.config = config
+        self.dead: str | None = None
+        self.procs: list = []
+        self._tmp = None
+        self._store = None
+        options = {"dtype": dtype, "kv_dtype": kv_dtype, "num_blocks": num_kv_blocks, "block_size": block_size,
+                   "timeout_s": self.timeout_s, "startup_s": startup_s, "threads": threads}
+        src = self._source(source, config, world_size)
+        if backend == "torchrun":
+            if int(os.environ["WORLD_SIZE"]) != world_size:
+                raise ValueError(f"tensor_parallel_size={world_size} but torchrun started "
+                                 f"{os.environ['WORLD_SIZE']} processes; make them equal")
+            if int(os.environ["RANK"]) != 0:
+                raise RuntimeError("the executor runs on rank 0; other ranks call run_worker()")
+            self._store, self.compute, self.control = _torchrun_groups(self.timeout_s)
+        else:
+            self._err_dir = tempfile.mkdtemp(prefix="servelab-tp-")
+            port = free_port()
+            from servelab.parallel.launch import _forkserver_preload
+            _forkserver_preload()  # workers fork from a server that imported torch once
+            ctx = torch.multiprocessing.get_context("forkserver")
+            for rank in range(1, world_size):
+                p = ctx.Process(target=_spawned_worker, args=(rank, world_size, port, src, options, self._err_dir),
+                                daemon=True, name=f"servelab-tp-worker-{rank}")
+                p.start()
+                self.procs.append(p)
+            self._finalizer = weakref.finalize(self, _kill, list(self.procs))
+            atexit.register(self._finalizer)
+            try:
+                self._store, self.compute, self.control = _private_groups(0, world_size, port, self.timeout_s,
+                                                                          startup_s, procs=self.procs)
+            except Exception as exc:
+                _kill(self.procs)
+                raise RuntimeError(f"the tensor-parallel workers did not start: {exc}. A script that builds "
+                                   f"the engine at its top level needs `if __name__ == '__main__':` (the "
+                                   f"workers import it).\n{self._worker_errors()}") from None
+        try:
+            self.runner = _build_runner(src, 0, world_size, options, self.compute)
+            table = _gather(torch.tensor(_holdings(self.runner), dtype=torch.long), self.compute)
+        except Exception as exc:
+            self._lose(exc, "starting")
+        rows = table.tolist()
+        self.kv_pool_bytes_per_rank = [r[0] for r in rows]
+        self.weight_bytes_per_rank = [r[1] for r in rows]
+        self.heads_per_rank = [r[2] for r in rows]
+        self.kv_heads_per_rank = [r[3] for r in rows]
+        self.stats = {"steps": 0, "step_seconds": 0.0, "plan_seconds": 0.0}
+        self._comm0 = comm_counters(self.runner.model)
+
+    def _source(self, source, config, world: int) -> dict:
+        if isinstance(source, Path):
+            return {"kind": "path", "path": str(source)}
+        state = {k: v.detach() for k, v in source.state_dict().items()}
+        self._tmp = tempfile.TemporaryDirectory(prefix="servelab-tp-shards-")
+        files = []
+        for r in range(world):
+            path = Path(self._tmp.name) / f"shard{r}.pt"
+            torch.save(shard_state_dict(state, config, r, world), path)
+            files.append(str(path))
+        return {"kind": "shards", "config": asdict(config), "shards": files}
+
+    # -- what the engine reads -------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Rank 0's pool (each rank holds the same share)."""
+        return self.kv_pool_bytes_per_rank[0]
+
+    @property
+    def model(self):
+        """Rank 0's shard."""
+        return self.runner.model
+
+    # -- the step ----------------------------------------------------------------
+    def check_workers(self) -> None:
+        """Raise :class:`EngineDeadError` if the engine is dead or a worker this process started has exited."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        gone = [(r + 1, p) for r, p in enumerate(self.procs) if not p.is_alive()]
+        if gone:
+            self._lose(None, "idle")
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Send the plan to every worker, run rank 0's shard, return the gathered logits."""
+        self.check_workers()
+        t0 = time.perf_counter()
+        try:
+            _send(("step", step), self.control)
+            t1 = time.perf_counter()
+            logits = self.runner.execute(step)
+        except Exception as exc:  # noqa: BLE001 - a peer died or hung: the engine is dead
+            self._lose(exc, "running a step")
+        t2 = time.perf_counter()
+        s = self.stats
+        s["steps"] += 1
+        s["plan_seconds"] += t1 - t0
+        s["step_seconds"] += t2 - t0
+        return logits
+
+    def comm_stats(self) -> dict:
+        """:attr:`stats` plus rank 0's collective counters since start-up (or the last ``reset_stats``)."""
+        now = comm_counters(self.runner.model)
+        out = dict(self.stats)
+        out.update({k: now[k] - self._comm0[k] for k in now})
+        return out
+
+    def reset_stats(self) -> None:
+        self.stats = {"steps": 0, "step_seconds": 0.0, "plan_seconds": 0.0}
+        self._comm0 = comm_counters(self.runner.model)
+
+    def rank_comm_seconds(self) -> list[tuple[float, float]]:
+        """Every rank's (all-reduce, gather) seconds since start-up: one extra message, one gather."""
+        self.check_workers()
+        counters = comm_counters(self.runner.model)
+        row = torch.tensor([counters["all_reduce_seconds"], counters["gather_seconds"]], dtype=torch.float64)
+        try:
+            _send(("stats",), self.control)
+            table = _gather(row, self.compute)
+        except Exception as exc:  # noqa: BLE001
+            self._lose(exc, "reading counters")
+        return [tuple(r) for r in table.tolist()]
+
+    # -- faults and the end --------------------------------------------------------
+    def _worker_errors(self) -> str:
+        err_dir = getattr(self, "_err_dir", None)
+        if err_dir is None:
+            return ""
+        return "\n".join(p.read_text() for p in sorted(Path(err_dir).glob("*.err")))
+
+    def _lose(self, exc, doing: str):
+        """Name what went wrong, end every worker, raise :class:`EngineDeadError`."""
+        deadline = time.monotonic() + 1.0  # a worker that crashed is gone within moments
+        while self.procs and all(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        gone = [f"worker rank {r + 1} (pid {p.pid}) {_describe_exit(p.exitcode)}"
+                for r, p in enumerate(self.procs) if not p.is_alive()]
+        if gone:
+            what = "; ".join(gone)
+        elif exc is not None and "timed out" in str(exc).lower():
+            what = (f"a worker did not answer within timeout_s={self.timeout_s:g} s "
+                    f"(hung, or far slower than rank 0)")
+        else:
+            what = "a worker stopped answering"
+        detail = "" if exc is None else f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        self.dead = (f"the tensor-parallel engine lost a rank while {doing}: {what}{detail}; "
+                     f"every running request fails, and the engine must be restarted")
+        errors = self._worker_errors()
+        if errors:
+            self.dead += "\n" + errors
+        self._stop_workers(graceful=False)
+        raise EngineDeadError(self.dead) from None
+
+    def _stop_workers(self, graceful: bool) -> None:
+        if graceful and self.dead is None:
+            try:
+                _send(("stop",), self.control)
+            except Exception:  # noqa: BLE001 - they are ended below either way
+                pass
+            deadline = time.monotonic() + 10.0
+            for p in self.procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _kill(self.procs)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def shutdown(self) -> None:
+        """Stop the workers (they leave their loop, or are killed); safe to call twice."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self._stop_workers(graceful=True)
+        if self.dead is None:
+            self.dead = "the engine was shut down"
+        if self.backend == "torchrun" and dist.is_initialized():
+            dist.destroy_process_group()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            atexit.unregister(finalizer)
+            finalizer.detach()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
