@@ -170,3 +170,18 @@ def test_time_steps_with_and_without_cache_one_pair_per_context_and_checks_input
             time_steps_with_and_without_cache(model, bad, rounds=1)
     with pytest.raises(ValueError):
         time_steps_with_and_without_cache(model, [4], rounds=0)
+
+
+def test_the_online_softmax_folds_key_blocks_in_any_order():
+    """One fold serves tiled, flash and ring attention: blocks folded in any order give softmax(qk) v."""
+    from servelab.attention import naive_attention, online_softmax_finish, online_softmax_fold, online_softmax_start
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 6, 8, generator=gen)
+    k, v = (torch.randn(1, 2, 10, 8, generator=gen) for _ in range(2))
+    q_pos, scale = torch.arange(4, 10), 8 ** -0.5     # queries are the last 6 of 10 positions
+    state = online_softmax_start(q)
+    for start in (8, 0, 4):                            # a ring's order, not the positions' order
+        k_pos = torch.arange(start, min(start + 4, 10))
+        state = online_softmax_fold(state, q, k[..., k_pos, :], v[..., k_pos, :], scale, q_pos, k_pos)
+    torch.testing.assert_close(online_softmax_finish(state), naive_attention(q, k, v, causal=True))

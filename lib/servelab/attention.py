@@ -31,6 +31,9 @@ __all__ = [
     "attention_probs",
     "naive_attention",
     "tiled_attention",
+    "online_softmax_start",
+    "online_softmax_fold",
+    "online_softmax_finish",
     "time_decode_steps",
     "time_steps_with_and_without_cache",
 ]
@@ -246,25 +249,49 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     qf = q.float()
-    q_pos = torch.arange(kv_time - q_time, kv_time, device=q.device)[:, None]
-    m = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
-    l = torch.zeros_like(m)
-    acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    q_pos = torch.arange(kv_time - q_time, kv_time, device=q.device) if causal else None
+    state = online_softmax_start(qf)
     for start in range(0, kv_time, block_size):
         kb, vb = k[..., start:start + block_size, :].float(), v[..., start:start + block_size, :].float()
-        scores = (qf @ kb.transpose(-1, -2)) * scale
-        if causal:
-            k_pos = torch.arange(start, start + kb.shape[-2], device=q.device)[None, :]
-            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-        m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-        # a row that has seen no visible key yet keeps m = -inf; shift it by 0 instead
-        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(scores - shift)
-        rescale = torch.exp(m - shift)
-        l = l * rescale + p.sum(dim=-1, keepdim=True)
-        acc = acc * rescale + p @ vb
-        m = m_new
-    return (acc / l).to(q.dtype)
+        k_pos = torch.arange(start, start + kb.shape[-2], device=q.device) if causal else None
+        state = online_softmax_fold(state, qf, kb, vb, scale, q_pos, k_pos)
+    return online_softmax_finish(state).to(q.dtype)
+
+
+def online_softmax_start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The online softmax's empty running state for queries ``q [..., q_time, head_dim]``:
+    ``m = -inf``, ``l = 0`` (``[..., q_time, 1]``) and ``acc = 0`` (``q``'s shape), all fp32."""
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
+    return m, torch.zeros_like(m), torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+
+
+def online_softmax_fold(state, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: float,
+                        q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None):
+    """Fold one block of keys ``kb`` and values ``vb`` into the running ``(m, l, acc)``.
+
+    The one online-softmax step of the course (:func:`tiled_attention`,
+    :func:`servelab.kernels.flash_attention` and ring attention all call it):
+    scores ``q kb^T * scale``, masked where a key's position (``k_pos``, 1-D)
+    is after the query's (``q_pos``, 1-D) when both are given; the maximum
+    moves from ``m`` to ``m_new`` and what was summed so far is rescaled by
+    ``exp(m - m_new)``. A row that has seen no visible key yet keeps
+    ``m = -inf`` and is shifted by 0. Returns the new state.
+    """
+    m, l, acc = state
+    scores = (q @ kb.transpose(-1, -2)) * scale
+    if q_pos is not None and k_pos is not None:
+        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+    shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    p = torch.exp(scores - shift)
+    rescale = torch.exp(m - shift)
+    return m_new, l * rescale + p.sum(dim=-1, keepdim=True), acc * rescale + p @ vb
+
+
+def online_softmax_finish(state) -> torch.Tensor:
+    """``acc / l``: softmax(scores) @ v over every block folded in (fp32)."""
+    _, l, acc = state
+    return acc / l
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

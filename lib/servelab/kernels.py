@@ -389,14 +389,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     The outer loop takes a block of ``block_q`` queries (on a GPU: one thread
     block, its Q tile in shared memory); the inner loop streams blocks of
     ``block_k`` keys and values past it, keeping the online softmax's running
-    max ``m``, sum ``l`` and output ``acc`` for that query block only. Under a
+    max ``m``, sum ``l`` and output ``acc`` for that query block only
+    (:func:`servelab.attention.online_softmax_fold`, the same step as
+    :func:`servelab.attention.tiled_attention`'s). Under a
     causal mask, key blocks entirely in a query block's future are skipped.
     Equal to :func:`servelab.attention.naive_attention` (same conventions: the
     queries are the last ``q_time`` positions). With ``return_stats=True`` also
     returns the number of (query, key) block pairs computed and skipped and the
     largest live tile in elements.
     """
-    from servelab.attention import _expand_for_queries
+    from servelab.attention import (_expand_for_queries, online_softmax_finish, online_softmax_fold,
+                                    online_softmax_start)
 
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -412,10 +415,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     for qs in range(0, q_time, block_q):
         qb = q[..., qs:qs + block_q, :].float()
         nq = qb.shape[-2]
-        q_pos = torch.arange(offset + qs, offset + qs + nq, device=q.device)[:, None]
-        m = torch.full((*qb.shape[:-1], 1), float("-inf"), device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
+        q_pos = torch.arange(offset + qs, offset + qs + nq, device=q.device) if causal else None
+        state = online_softmax_start(qb)
         last_visible = offset + qs + nq - 1
         for ks in range(0, kv_time, block_k):
             if causal and ks > last_visible:
@@ -423,18 +424,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                 continue
             computed += 1
             kb, vb = k[..., ks:ks + block_k, :].float(), v[..., ks:ks + block_k, :].float()
-            s = (qb @ kb.transpose(-1, -2)) * scale
-            if causal:
-                k_pos = torch.arange(ks, ks + kb.shape[-2], device=q.device)[None, :]
-                s = s.masked_fill(k_pos > q_pos, float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            p = torch.exp(s - shift)
-            rescale = torch.exp(m - shift)
-            l = l * rescale + p.sum(-1, keepdim=True)
-            acc = acc * rescale + p @ vb
-            m = m_new
-        out[..., qs:qs + nq, :] = acc / l
+            k_pos = torch.arange(ks, ks + kb.shape[-2], device=q.device) if causal else None
+            state = online_softmax_fold(state, qb, kb, vb, scale, q_pos, k_pos)
+        out[..., qs:qs + nq, :] = online_softmax_finish(state)
     result = out.to(q.dtype)
     if return_stats:
         return result, {"blocks_computed": computed, "blocks_skipped": skipped,

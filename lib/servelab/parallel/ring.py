@@ -13,22 +13,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from servelab.attention import repeat_kv
+from servelab.attention import online_softmax_finish, online_softmax_fold, online_softmax_start, repeat_kv
 from servelab.parallel.launch import DEFAULT_TIMEOUT_S, launch
 
 __all__ = ["ring_attention", "ring_attention_across"]
-
-
-def _fold(state, q, kb, vb, q_pos, k_pos, causal, scale):
-    m, l, acc = state
-    scores = (q @ kb.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-    p = torch.exp(scores - shift)
-    rescale = torch.exp(m - shift)
-    return m_new, l * rescale + p.sum(dim=-1, keepdim=True), acc * rescale + p @ vb
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -48,8 +36,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     groups = q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5
     qf = q.float()
-    m = torch.full((*q.shape[:-1], 1), float("-inf"))
-    state = (m, torch.zeros_like(m), torch.zeros(q.shape, dtype=torch.float32))
+    state = online_softmax_start(qf)
     q_pos = torch.arange(rank * t, (rank + 1) * t)
     block = torch.stack([k, v]).contiguous()
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -59,7 +46,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         k_pos = torch.arange(owner * t, (owner + 1) * t)
         if not (causal and owner > rank):  # a later slice is wholly masked: skip the work
             kb, vb = repeat_kv(block[0], groups).float(), repeat_kv(block[1], groups).float()
-            state = _fold(state, qf, kb, vb, q_pos, k_pos, causal, scale)
+            state = online_softmax_fold(state, qf, kb, vb, scale, q_pos if causal else None, k_pos)
         if step < world - 1:
             req = dist.isend(block, right, group=group)
             nxt = torch.empty_like(block)
@@ -67,8 +54,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
             req.wait()
             block = nxt
             received += nxt.numel() * nxt.element_size()
-    m, l, acc = state
-    return (acc / l).to(q.dtype), {"blocks_received": world - 1, "bytes_received": received}
+    return online_softmax_finish(state).to(q.dtype), {"blocks_received": world - 1, "bytes_received": received}
 
 
 def _ring_worker(rank: int, world: int, q, k, v, causal: bool):
