@@ -33,6 +33,17 @@ MUTANTS = [
     ('q2', 'hashes the partial last block too', 'for i in range(len(token_ids) // block_size):', 'for i in range(-(-len(token_ids) // block_size)):', ''),
     ('q3', 'counts hits after a miss', 'break               # a block is only valid after its exact past', 'continue', ''),
     ('q3', 'lets a fully cached prompt skip every token', 'usable = max(prompt_len - 1, 0) // block_size', 'usable = prompt_len // block_size', ''),
+    ('q5', 'frees a request\'s blocks from its first (the shared opening goes first)',
+     'for block in reversed(table):            # a prefix', 'for block in table:            # a prefix', ''),
+    ('q5', 'reuses the most recently freed block', 'block, old = free.popitem(last=False)',
+     'block, old = free.popitem(last=True)', ''),
+    ('q5', 'a hit on the whole prompt (nothing left to sample from)',
+     'if len(prefix) == len(prompt):\n                break', 'if False:\n                break', ''),
+    ('q5', 'leaves its hit blocks on the free list', 'del free[block]\n', 'pass\n', ''),
+    ('q5', 'forgets the output tokens\' blocks', 'need = -(-(len(prompt) + output_len) // block_size)',
+     'need = -(-len(prompt) // block_size)', ''),
+    ('q5', 'a newer copy replaces the cached block', 'if full[i] not in cached:            # (an',
+     'if True:            # (an', ''),
 ]
 
 

@@ -2,11 +2,13 @@
 
 Q1 a reference-counted block allocator with LRU reuse (in O(1)), Q2 the chained
 prefix hash, Q3 how much of a prompt a prefix cache can skip, Q4 decode attention
-gathered from block tables (checked against dense attention). The reference answers
+gathered from block tables (checked against dense attention), Q5 a prefix cache
+under a block budget (hits and evictions request by request). The reference answers
 live here; expected values are computed from them.
 """
 import random
 import time
+from collections import OrderedDict
 
 from servelab.grading import Case, Question
 
@@ -260,4 +262,82 @@ Q4 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3, Q4]
+
+# --------------------------------------------------------------------------- Q5
+
+def _prefix_cache_run(requests, num_blocks, block_size):
+    """Reference: requests served one at a time; hits claimed first; LRU free list; tails freed first."""
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError("bad pool")
+    free = OrderedDict((b, None) for b in range(num_blocks))
+    cached = {}
+    out = []
+    for prompt, output_len in requests:
+        prompt = tuple(prompt)
+        if not prompt or output_len < 0:
+            raise ValueError("bad request")
+        need = -(-(len(prompt) + output_len) // block_size)
+        if need > num_blocks:
+            raise ValueError("the request does not fit the pool")
+        full = [prompt[:(i + 1) * block_size] for i in range(len(prompt) // block_size)]
+        table = []
+        for prefix in full:
+            if len(prefix) == len(prompt) or prefix not in cached:
+                break
+            table.append(cached[prefix])
+            del free[cached[prefix]]
+        hits, evicted = len(table), 0
+        while len(table) < need:
+            block, old = free.popitem(last=False)
+            if old is not None:
+                del cached[old]
+                evicted += 1
+            table.append(block)
+        holds = {table[i]: full[i] for i in range(hits)}
+        for i in range(hits, len(full)):
+            if full[i] not in cached:
+                cached[full[i]] = table[i]
+                holds[table[i]] = full[i]
+        for block in reversed(table):
+            free[block] = holds.get(block)
+        out.append((hits * block_size, evicted))
+    return out
+
+
+_S = list(range(101, 109))   # an 8-token system prompt
+
+
+def _c5(requests, num_blocks, block_size, label):
+    return Case(args=(requests, num_blocks, block_size),
+                expected=[list(x) for x in _prefix_cache_run(requests, num_blocks, block_size)], label=label)
+
+
+Q5 = Question(
+    id="q5", title="A prefix cache under a block budget", function="prefix_cache_run",
+    points=6, level="hard", minutes=25,
+    visible=[_c5([(_S + [1, 2, 3], 4), (_S + [4, 5], 4), ([7] * 12, 8), (_S + [1, 2, 3], 4)], 6, 4,
+                 "a shared system prompt; a long unrelated request pushes out its second block")],
+    hidden=[
+        _c5([(_S + [1, 2, 3, 4], 4), (list(range(50, 62)), 0), (_S + [9, 9], 1)], 5, 4,
+            "an unrelated request needs three blocks: the first user's tail must go, not the system prompt"),
+        _c5([(_S, 2), (_S, 2), (_S, 2)], 4, 4,
+            "the same prompt, a whole number of blocks, three times (one prompt token is always computed)"),
+        _c5([(_S + [1], 3), (_S + [2], 3), (_S + [1], 3)], 3, 4,
+            "every request fills the whole pool: hit blocks must not be handed out again"),
+        _c5([(_S + [1], 0), ([7] * 9, 0), ([8] * 9, 0), (_S + [2], 0)], 6, 4,
+            "the block freed longest ago goes first"),
+        _c5([(_S + [1], 0), ([7] * 9, 0), (_S + [2], 0), ([8] * 9, 0), ([9] * 5, 0), (_S + [3], 0)], 7, 4,
+            "a system prompt used often stays: a hit counts as a use"),
+        _c5([([51, 51, 50], 4), ([51, 51], 1), ([100, 101, 102, 103, 1, 1, 2, 2, 2], 1)], 5, 2,
+            "a prefix computed again while cached: the cache keeps its older block"),
+        _c5([([1, 2, 3], 1), ([1, 2, 4], 1), ([1, 2, 3], 0)], 5, 1, "blocks of one token"),
+        _c5([([5] * 6, 0)], 2, 4, "a lone request, nothing to hit"),
+        Case(args=([(_S, 9)], 4, 4), raises=ValueError, label="a request that needs 5 blocks of a 4-block pool"),
+        Case(args=([([], 3)], 4, 4), raises=ValueError, label="an empty prompt"),
+        Case(args=([(_S, 1)], 4, 0), raises=ValueError, label="blocks of 0 tokens"),
+        Case(args=([(_S, -1)], 4, 4), raises=ValueError, label="a negative output length"),
+    ],
+    timeout=10.0,
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4, Q5]
