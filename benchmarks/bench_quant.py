@@ -47,6 +47,7 @@ import time
 import torch
 
 from servelab import quant as Q
+from servelab import quant_layers as QL
 from servelab import roofline as rl
 from servelab.machine import describe
 
@@ -227,7 +228,7 @@ def _isolated(n: int, k: int, cold_bytes: float, rounds: int, calls: int = 20) -
 def _without_kernels(step, rounds: int, repeats: int) -> tuple[float, float]:
     """Median step time as it is and with every int8 kernel call replaced by a stub that returns
     zeros of the right shape (all other work unchanged), interleaved round by round."""
-    real = Q._low_bit_matmul
+    real = QL._low_bit_matmul  # the layers look the kernel up in their own module
 
     def stub(kernel, x2, codes, scales, group):
         return torch.zeros(x2.shape[0], codes.shape[0], dtype=x2.dtype)
@@ -235,12 +236,12 @@ def _without_kernels(step, rounds: int, repeats: int) -> tuple[float, float]:
     with_k, without_k = [], []
     try:
         for _ in range(rounds):
-            Q._low_bit_matmul = real
+            QL._low_bit_matmul = real
             with_k.append(step.seconds(repeats))
-            Q._low_bit_matmul = stub
+            QL._low_bit_matmul = stub
             without_k.append(step.seconds(repeats))
     finally:
-        Q._low_bit_matmul = real
+        QL._low_bit_matmul = real
     return statistics.median(with_k), statistics.median(without_k)
 
 
