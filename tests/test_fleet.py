@@ -143,3 +143,15 @@ def test_output_weight_counts_a_decoded_token_in_prompt_tokens():
     assert fleet.output_weight(MODEL, 200, 300, 128) < w   # falls with seats
     with pytest.raises(ValueError):
         fleet.output_weight(MODEL, 0, 300, 32)
+
+
+def test_one_router_for_the_fleet_and_the_simulators_pools():
+    """fleet.route is sim.pools.route: simulate_pool takes the load-aware routers too, and
+    fleet.serve's merged result is simulate_pool's for the same router."""
+    from servelab.sim import pools
+
+    assert fleet.route is pools.route and fleet.ROUTERS is pools.ROUTERS
+    tr = synthetic(400, 20, prompt=Fixed(100), output=Fixed(20), prefix_groups=8, prefix_tokens=64, seed=1)
+    served = fleet.serve(tr, MODEL, CFG, replicas=3, router="prefix_affinity", slack=2)
+    pooled = pools.simulate_pool(tr, MODEL, CFG, replicas=3, router="prefix_affinity", slack=2, progress=False)
+    np.testing.assert_array_equal(served.result.finish_s, pooled.finish_s)

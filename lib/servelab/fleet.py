@@ -5,7 +5,8 @@ Everything here sits in front of, or around, the replicas of :mod:`servelab.sim`
 * :class:`TokenBucket` and :class:`RateLimiter` - per-account requests- and
   tokens-per-minute limits that reject with a retry time (HTTP 429 and
   ``Retry-After``), as public APIs do.
-* :func:`route` - which replica serves each request: ``random``,
+* :func:`route` - which replica serves each request (:func:`servelab.sim.pools.route`,
+  re-exported here): ``random``,
   ``round_robin``, ``least_outstanding`` (fewest requests in flight, as the
   router itself counts them) and ``prefix_affinity`` (a group's requests go to
   the replica that holds its prefix, unless that replica is ``slack`` requests
@@ -23,14 +24,13 @@ sold at a discount because they take what is left. Pure Python + numpy.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from servelab.sim import ReplicaConfig, StepModel, Trace, simulate
 from servelab.sim.metrics import SimResult
-from servelab.sim.pools import merge_results
+from servelab.sim.pools import ROUTERS, merge_results, route, simulate_routed  # the one router
 
 __all__ = ["TokenBucket", "RateLimiter", "Decision", "ROUTERS", "route", "serve", "FleetResult", "shed",
            "canary", "CanaryResult", "diurnal_rates", "arrivals_from_rates", "max_rate_for_slo",
@@ -39,7 +39,6 @@ __all__ = ["TokenBucket", "RateLimiter", "Decision", "ROUTERS", "route", "serve"
 #: Batch (asynchronous, 24-hour) traffic is commonly sold at half the interactive price
 #: (OpenAI's and Anthropic's batch APIs both list a 50% discount).
 BATCH_DISCOUNT = 0.5
-ROUTERS = ("random", "round_robin", "least_outstanding", "prefix_affinity")
 
 
 # ---------------------------------------------------------------------------
@@ -129,52 +128,6 @@ class RateLimiter:
 # Routing
 # ---------------------------------------------------------------------------
 
-def _estimate_seconds(trace: Trace, step_model: StepModel, seats: int) -> np.ndarray:
-    """The router's own guess of each request's time in the replica: its prefill at full
-    speed plus its answer at the pace of a replica with every seat busy."""
-    from servelab.sim import StepShape
-    step = step_model.step_s(StepShape(decode_rows=seats, decode_context=seats * int(np.mean(trace.prompt_tokens))))
-    prefill = np.array([step_model.step_s(StepShape(prefill_tokens=int(p), prefill_seqs=1)) for p in
-                        np.unique(trace.prompt_tokens)])
-    lookup = dict(zip(np.unique(trace.prompt_tokens).tolist(), prefill.tolist()))
-    return np.array([lookup[p] for p in trace.prompt_tokens.tolist()]) + trace.output_tokens * step
-
-
-def route(trace: Trace, replicas: int, router: str = "round_robin", *, step_model: StepModel | None = None,
-          seats: int = 64, slack: int = 4, seed: int = 0) -> np.ndarray:
-    """Replica index per request (see the module doc for the routers)."""
-    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas <= 0:
-        raise ValueError(f"replicas must be a positive whole number, got {replicas!r}")
-    n = len(trace)
-    if router == "round_robin":
-        return np.arange(n) % replicas
-    if router == "random":
-        return np.random.default_rng(seed).integers(0, replicas, n)
-    if router not in ROUTERS:
-        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
-    if step_model is None:
-        raise ValueError(f"the {router} router estimates load: pass step_model=")
-    est = _estimate_seconds(trace, step_model, seats)
-    out = np.empty(n, dtype=np.int64)
-    busy_until: list[list[float]] = [[] for _ in range(replicas)]  # finish estimates in flight
-    import heapq
-    home: dict[int, int] = {}
-    for i, (t, g) in enumerate(zip(trace.arrival_s.tolist(), trace.prefix_group.tolist())):
-        loads = []
-        for h in busy_until:
-            while h and h[0] <= t:
-                heapq.heappop(h)
-            loads.append(len(h))
-        least = min(range(replicas), key=loads.__getitem__)
-        k = least
-        if router == "prefix_affinity" and g >= 0:
-            want = home.setdefault(g, zlib.crc32(str(g).encode()) % replicas)
-            k = want if loads[want] <= loads[least] + slack else least
-        out[i] = k
-        heapq.heappush(busy_until[k], t + float(est[i]))
-    return out
-
-
 @dataclass
 class FleetResult:
     result: SimResult
@@ -198,12 +151,7 @@ def serve(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = No
     """Route ``trace`` over ``replicas`` and simulate each replica."""
     cfg = config or ReplicaConfig()
     where = route(trace, replicas, router, step_model=step_model, seats=cfg.max_num_seqs, slack=slack, seed=seed)
-    parts = []
-    for k in range(replicas):
-        idx = np.flatnonzero(where == k)
-        if len(idx):
-            pr = None if priority is None else np.asarray(priority)[idx]
-            parts.append((idx, simulate(trace.subset(idx), step_model, cfg, priority=pr, progress=False)))
+    parts = simulate_routed(trace, step_model, cfg, where, replicas, priority=priority, progress=False)
     return FleetResult(merge_results(parts, trace), where, [r for _, r in parts])
 
 

@@ -1,9 +1,12 @@
 """Many replicas: a pool behind a router, and disaggregated prefill and decode pools.
 
+* :func:`route` - which replica serves each request (:data:`ROUTERS`: ``random``,
+  ``round_robin``, ``least_outstanding``, ``prefix_affinity``); the course's one
+  router, which :mod:`servelab.fleet` uses too.
 * :func:`simulate_pool` - ``replicas`` identical replicas; requests are split by
-  a stateless router (``"random"`` or ``"round_robin"``), so each replica is
-  simulated on its own share and the results are merged. (A random split of a
-  Poisson stream is again Poisson, at rate / replicas.)
+  the router before they run, so each replica is simulated on its own share and
+  the results are merged. (A random split of a Poisson stream is again Poisson,
+  at rate / replicas.)
 * :func:`simulate_disaggregated` - prompts run on a prefill pool (each request's
   first token comes from there), the K/V travels to a decode pool
   (``kv_bytes_per_token x prompt / link_bandwidth`` seconds) and the answer is
@@ -12,7 +15,9 @@
 """
 from __future__ import annotations
 
+import heapq
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,21 +27,65 @@ from servelab.sim.metrics import SimResult
 from servelab.sim.step_model import StepModel
 from servelab.sim.workload import Trace
 
-__all__ = ["ROUTERS", "route", "merge_results", "simulate_pool", "simulate_disaggregated", "DisaggregatedResult",
+__all__ = ["ROUTERS", "route", "merge_results", "simulate_routed", "simulate_pool", "simulate_disaggregated", "DisaggregatedResult",
            "largest_chunk", "best_split"]
 
-ROUTERS = ("random", "round_robin")
+#: The routers :func:`route` knows: stateless (``random``, ``round_robin``) and load-aware
+#: (``least_outstanding``, ``prefix_affinity``: these need the step model to guess each request's time).
+ROUTERS = ("random", "round_robin", "least_outstanding", "prefix_affinity")
 
 
-def route(trace: Trace, replicas: int, router: str = "round_robin", seed: int = 0) -> np.ndarray:
-    """Replica index per request, for a stateless router."""
+def _estimate_seconds(trace: Trace, step_model: StepModel, seats: int) -> np.ndarray:
+    """The router's own guess of each request's time in the replica: its prefill at full
+    speed plus its answer at the pace of a replica with every seat busy."""
+    from servelab.sim.step_model import StepShape
+    step = step_model.step_s(StepShape(decode_rows=seats, decode_context=seats * int(np.mean(trace.prompt_tokens))))
+    prefill = np.array([step_model.step_s(StepShape(prefill_tokens=int(p), prefill_seqs=1)) for p in
+                        np.unique(trace.prompt_tokens)])
+    lookup = dict(zip(np.unique(trace.prompt_tokens).tolist(), prefill.tolist()))
+    return np.array([lookup[p] for p in trace.prompt_tokens.tolist()]) + trace.output_tokens * step
+
+
+def route(trace: Trace, replicas: int, router: str = "round_robin", *, step_model: StepModel | None = None,
+          seats: int = 64, slack: int = 4, seed: int = 0) -> np.ndarray:
+    """Replica index per request: the course's one router.
+
+    ``random`` and ``round_robin`` ignore load. ``least_outstanding`` sends each
+    request to the replica with the fewest requests in flight, as the router
+    itself counts them (each request's finish guessed from ``step_model`` with
+    ``seats`` busy seats); ``prefix_affinity`` sends a prefix group's requests
+    to the replica that holds its prefix, unless that replica is ``slack``
+    requests busier than the least loaded: cache hits traded against balance.
+    """
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas <= 0:
         raise ValueError(f"replicas must be a positive whole number, got {replicas!r}")
+    n = len(trace)
     if router == "round_robin":
-        return np.arange(len(trace)) % replicas
+        return np.arange(n) % replicas
     if router == "random":
-        return np.random.default_rng(seed).integers(0, replicas, len(trace))
-    raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+        return np.random.default_rng(seed).integers(0, replicas, n)
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+    if step_model is None:
+        raise ValueError(f"the {router} router estimates load: pass step_model=")
+    est = _estimate_seconds(trace, step_model, seats)
+    out = np.empty(n, dtype=np.int64)
+    busy_until: list[list[float]] = [[] for _ in range(replicas)]  # finish estimates in flight
+    home: dict[int, int] = {}
+    for i, (t, g) in enumerate(zip(trace.arrival_s.tolist(), trace.prefix_group.tolist())):
+        loads = []
+        for h in busy_until:
+            while h and h[0] <= t:
+                heapq.heappop(h)
+            loads.append(len(h))
+        least = min(range(replicas), key=loads.__getitem__)
+        k = least
+        if router == "prefix_affinity" and g >= 0:
+            want = home.setdefault(g, zlib.crc32(str(g).encode()) % replicas)
+            k = want if loads[want] <= loads[least] + slack else least
+        out[i] = k
+        heapq.heappush(busy_until[k], t + float(est[i]))
+    return out
 
 
 def merge_results(parts: list[tuple[np.ndarray, SimResult]], trace: Trace) -> SimResult:
@@ -60,18 +109,27 @@ def merge_results(parts: list[tuple[np.ndarray, SimResult]], trace: Trace) -> Si
         max_blocks=max(r.max_blocks for _, r in parts), num_kv_blocks=parts[0][1].num_kv_blocks)
 
 
-def simulate_pool(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = None, *,
-                  replicas: int = 1, router: str = "round_robin", seed: int = 0, **kw) -> SimResult:
-    """``replicas`` identical replicas behind a stateless router (``busy_s`` is per replica, averaged)."""
-    where = route(trace, replicas, router, seed)
+def simulate_routed(trace: Trace, step_model: StepModel, config: ReplicaConfig | None, where: np.ndarray,
+                    replicas: int, **kw) -> list[tuple[np.ndarray, SimResult]]:
+    """Each replica simulated on the requests ``where`` sends it: ``(request indices, result)``
+    pairs for :func:`merge_results` (per-request ``prefilled`` and ``priority`` are split too)."""
     parts = []
     for k in range(replicas):
         idx = np.flatnonzero(where == k)
         if len(idx):
-            sub = {k: (np.asarray(v)[idx] if k in ("prefilled", "priority") and v is not None else v)
-                   for k, v in kw.items()}
+            sub = {name: (np.asarray(v)[idx] if name in ("prefilled", "priority") and v is not None else v)
+                   for name, v in kw.items()}
             parts.append((idx, simulate(trace.subset(idx), step_model, config, **sub)))
-    return merge_results(parts, trace)
+    return parts
+
+
+def simulate_pool(trace: Trace, step_model: StepModel, config: ReplicaConfig | None = None, *,
+                  replicas: int = 1, router: str = "round_robin", seed: int = 0, slack: int = 4,
+                  **kw) -> SimResult:
+    """``replicas`` identical replicas behind a router (:func:`route`; ``busy_s`` is per replica, averaged)."""
+    seats = (config or ReplicaConfig()).max_num_seqs
+    where = route(trace, replicas, router, step_model=step_model, seats=seats, slack=slack, seed=seed)
+    return merge_results(simulate_routed(trace, step_model, config, where, replicas, **kw), trace)
 
 
 @dataclass
