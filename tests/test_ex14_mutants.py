@@ -108,3 +108,26 @@ def test_q4_mistakes_lose_q4():
     m = SolutionMutants("ex14_splitting")
     for why, old, new in Q4_MUTANTS:
         assert lost(m.grade("q4", m.functions(old, new))), why
+
+
+# ---------------------------------------------------------------- Q5: cutting layers into stages
+Q5_MUTANTS = [
+    ('ignores the cards\' memory', 'if m[i] - m[j] <= card_bytes:', 'if True:', ''),
+    ('equal layer counts per card', 'slowest = best[stages][n]',
+     'slowest = max(t[(k + 1) * n // stages] - t[k * n // stages] for k in range(stages))', ''),
+    ('the equal-stage finish (micro-batches + stages - 1) x slowest',
+     'finish = t[n] + (microbatches - 1) * slowest', 'finish = (microbatches + stages - 1) * slowest', ''),
+    ('the equal-stage bubble formula', 'idle = 1 - microbatches * t[n] / (stages * finish)',
+     'idle = (stages - 1) / (microbatches + stages - 1)', ''),
+]
+
+
+def test_the_q5_solution_passes():
+    m = SolutionMutants("ex14_splitting")
+    assert m.grade("q5", m.functions()).passed
+
+
+def test_q5_mistakes_lose_q5():
+    m = SolutionMutants("ex14_splitting")
+    for why, old, new, _ in Q5_MUTANTS:
+        assert lost(m.grade("q5", m.functions(old, new))), why

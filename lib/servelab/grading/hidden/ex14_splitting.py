@@ -110,4 +110,63 @@ Q4 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3, Q4]
+
+# --------------------------------------------------------------------------- Q5
+
+def _pipeline_plan(layer_ms, layer_bytes, stages, card_bytes, microbatches):
+    """Reference: the contiguous cut that minimises the slowest stage within each card's memory
+    (by brute force over the cut points for few layers, dynamic programming otherwise), then the
+    run of ``microbatches`` identical micro-batches through the unequal stages."""
+    n = len(layer_ms)
+    if n == 0 or len(layer_bytes) != n or not 1 <= stages <= n or microbatches < 1 or card_bytes <= 0:
+        raise ValueError("bad layers, stages, micro-batches or card size")
+    t, m = [0.0], [0.0]
+    for ms, b in zip(layer_ms, layer_bytes):
+        t.append(t[-1] + ms)
+        m.append(m[-1] + b)
+    best = {(0, 0): 0.0}
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            options = [max(best[s - 1, j], t[i] - t[j]) for j in range(s - 1, i)
+                       if (s - 1, j) in best and m[i] - m[j] <= card_bytes]
+            if options:
+                best[s, i] = min(options)
+    if (stages, n) not in best:
+        return None
+    slowest = best[stages, n]
+    # one micro-batch crosses every stage; after it, one leaves per slowest-stage time
+    finish = t[n] + (microbatches - 1) * slowest
+    return [slowest, finish, 1 - microbatches * t[n] / (stages * finish)]
+
+
+def _c5(*args, label=""):
+    return Case(args=args, expected=_pipeline_plan(*args), abs=1e-9, label=label)
+
+
+_TOY = ([1] * 7 + [3], [4] * 7 + [8])                        # the last layer carries the output head
+_8B = ([0.4] + [1.0] * 32 + [3.2], [1.05] + [0.87] * 32 + [1.05])  # embedding, 32 layers, head
+
+Q5 = Question(
+    id="q5", title="Cut the layers into pipeline stages", function="pipeline_plan",
+    points=6, level="hard", minutes=25,
+    visible=[_c5(*_TOY, 4, 16, 8, label="8 layers, the last one heavy, on 4 cards of 16 GB, 8 micro-batches")],
+    hidden=[
+        _c5(*_TOY, 4, 8, 8, label="cards of 8 GB: no cut fits (None)"),
+        _c5([4, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 8 + [4], 3, 5, 6,
+            label="the fastest cut does not fit: memory forces a slower one"),
+        _c5([1.5, 2.5, 1.0], [1, 1, 1], 1, 10, 5, label="one stage: never idle"),
+        _c5(*_TOY, 4, 16, 1, label="one micro-batch"),
+        _c5([2, 1, 3, 1], [1, 1, 1, 1], 4, 1, 6, label="a stage per layer"),
+        _c5(*_8B, 4, 80, 16, label="an 8B-like model with its embedding and head, 4 cards"),
+        _c5(*_8B, 8, 4.5, 16, label="the same on 8 cards of 4.5 GB"),
+        _c5(*_8B, 8, 4.0, 16, label="8 cards of 4 GB: None"),
+        _c5([5, 1, 1, 1, 1, 1, 1, 1], [1] * 8, 3, 100, 10, label="a heavy first layer"),
+        _c5([3, 1, 1, 3, 1, 1, 3], [1] * 7, 3, 100, 4, label="equal layer counts are not the best cut"),
+        Case(args=(*_TOY, 9, 16, 8), raises=ValueError, label="more stages than layers"),
+        Case(args=(*_TOY, 0, 16, 8), raises=ValueError, label="no stages"),
+        Case(args=([1, 1], [1], 1, 16, 8), raises=ValueError, label="a size missing"),
+        Case(args=(*_TOY, 4, 16, 0), raises=ValueError, label="no micro-batches"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4, Q5]
