@@ -22,6 +22,12 @@ Training tie rule (documented, deterministic): the pair with the highest count w
 among equal counts, the pair with the smallest ``(left_id, right_id)`` wins. Token ids
 are assigned in merge order (bytes are 0..255, the first merge is 256, ...), so the
 same text, size and pattern always give the same merges.
+
+This module is the runtime tokenizer (encode, decode, its own file format,
+tiktoken interchange, the course tokenizer and chat template). Training lives
+in :mod:`servelab.bpe_train` and Hugging Face ``tokenizer.json`` in and out in
+:mod:`servelab.bpe_hf`; :meth:`Tokenizer.train`, :meth:`Tokenizer.from_huggingface`
+and the old names (``bpe.train_naive``, ``bpe.build_course_tokenizer``) still work.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import base64
 import heapq
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Collection, Iterable, Literal, Sequence
@@ -433,24 +439,13 @@ class Tokenizer:
 
         ``vocab_size`` counts everything: the 256 bytes, the merges and the special tokens
         (which get the last ids). Special-token text in the input splits it and is never merged.
-        Pair counts are kept up to date after each merge by touching only the chunks that
-        contain the merged pair; a heap with lazy deletion finds the best pair.
         Tie rule: highest count, then smallest ``(left_id, right_id)``.
         ``progress=None`` shows a progress bar only for inputs over 2 MB.
+        The trainer is :func:`servelab.bpe_train.train_ranks`.
         """
-        special_tokens = list(dict.fromkeys(special_tokens))
-        n_merges = vocab_size - 256 - len(special_tokens)
-        if n_merges < 0:
-            raise ValueError(f"vocab_size={vocab_size} is too small: it must hold the 256 bytes and "
-                             f"{len(special_tokens)} special tokens, so at least {256 + len(special_tokens)}")
-        chunk_counts, n_chars = _count_chunks(text, pattern, special_tokens)
-        if progress is None:
-            progress = n_chars > 2_000_000
-        merges, vocab = _train_incremental(chunk_counts, n_merges, progress)
-        ranks = {tok: i for i, tok in enumerate(vocab)}
-        if len(ranks) != len(vocab):
-            raise AssertionError("training produced a duplicate token")  # cannot happen: duplicates reuse ids
-        specials = {s: len(vocab) + k for k, s in enumerate(special_tokens)}
+        from servelab.bpe_train import train_ranks  # training is not needed to encode
+
+        ranks, specials, merges = train_ranks(text, vocab_size, pattern, special_tokens, progress)
         return cls(ranks, pattern, specials, merges=merges, name=name)
 
     # -- tiktoken ----------------------------------------------------------------
@@ -479,82 +474,18 @@ class Tokenizer:
     @classmethod
     def from_huggingface(cls, source: str | Path | dict, name: str | None = None, *,
                          label: str | None = None) -> "Tokenizer":
-        """Load a Hugging Face byte-level BPE ``tokenizer.json`` (a path or the parsed dict).
+        """Load a Hugging Face byte-level BPE ``tokenizer.json`` (a path or the parsed dict):
+        :func:`servelab.bpe_hf.from_huggingface`."""
+        from servelab.bpe_hf import from_huggingface
 
-        Supported: ``model.type == "BPE"`` with byte-level vocab and merges, a ``ByteLevel``
-        pre-tokenizer (GPT-2 split) or a ``Split`` regex followed by ``ByteLevel``, no
-        normalizer. Added tokens marked ``special`` become special tokens. Merge priority is
-        the merge's position in the list, as in Hugging Face.
-        """
-        label = label or (str(source) if not isinstance(source, dict) else "<dict>")
-        data = _read_json(source) if not isinstance(source, dict) else source
-        model = data.get("model") if isinstance(data, dict) else None
-        if not isinstance(model, dict) or model.get("type", "BPE") != "BPE" or "vocab" not in model:
-            raise ValueError(f"{label}: not a Hugging Face BPE tokenizer.json (no model of type 'BPE' with a vocab)")
-        if data.get("normalizer"):
-            raise ValueError(f"{label}: has a normalizer ({data['normalizer'].get('type')}); only byte-level BPE "
-                             "without normalization is supported")
-        pattern = _hf_pattern(data.get("pre_tokenizer"), label)
-        byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
-
-        def to_bytes(tok: str) -> bytes:
-            try:
-                return bytes(byte_of[ch] for ch in tok)
-            except KeyError as exc:
-                raise ValueError(f"{label}: token {tok!r} uses character {exc.args[0]!r}, which is not in the "
-                                 "GPT-2 byte alphabet; this is not a byte-level BPE") from None
-
-        vocab = {to_bytes(tok): int(tid) for tok, tid in model["vocab"].items()}
-        priorities: dict[bytes, int] = {}
-        merges = []
-        for k, m in enumerate(model.get("merges", [])):
-            left, right = m.split(" ") if isinstance(m, str) else m
-            lb, rb = to_bytes(left), to_bytes(right)
-            if lb not in vocab or rb not in vocab or lb + rb not in vocab:
-                raise ValueError(f"{label}: merge {k} ({left!r} + {right!r}) uses or makes a token missing from the vocab")
-            priorities.setdefault(lb + rb, k)
-            merges.append((vocab[lb], vocab[rb]))
-        mergeable = {tok: tid for tok, tid in vocab.items() if len(tok) == 1 or tok in priorities}
-        decode_only = {tid: tok for tok, tid in vocab.items() if tok not in mergeable}
-        for b in range(256):
-            priorities.setdefault(bytes([b]), -1)
-        specials = {}
-        for added in data.get("added_tokens", []):
-            if added.get("special"):
-                specials[added["content"]] = int(added["id"])
-                decode_only.pop(int(added["id"]), None)
-        ignore_merges = bool(model.get("ignore_merges", False))
-        return cls(mergeable, pattern, specials, merges=merges, priorities=priorities, decode_only=decode_only,
-                   whole_chunk_lookup=ignore_merges, name=name or Path(label).stem)
+        return from_huggingface(source, name, label=label)
 
     def to_huggingface(self) -> dict:
-        """A Hugging Face ``tokenizer.json`` (as a dict) that encodes like this tokenizer.
+        """A Hugging Face ``tokenizer.json`` (as a dict) that encodes like this tokenizer:
+        :func:`servelab.bpe_hf.to_huggingface`."""
+        from servelab.bpe_hf import to_huggingface
 
-        Uses a ``Split`` pre-tokenizer with this pattern, byte-level vocab and merges, and
-        ``ignore_merges=True`` (a chunk that is itself a token stays whole, as in tiktoken).
-        """
-        u = bytes_to_unicode()
-
-        def s(tok: bytes) -> str:
-            return "".join(u[b] for b in tok)
-
-        vocab = {s(tok): tid for tok, tid in sorted(self._encoder.items(), key=lambda kv: kv[1])}
-        merges = [[s(self._decoder[a]), s(self._decoder[b])] for a, b in self.merges]
-        added = [{"id": tid, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
-                  "normalized": False, "special": True} for text, tid in sorted(self.special_tokens.items(),
-                                                                                 key=lambda kv: kv[1])]
-        return {
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": _onig_pattern(self.pattern)}, "behavior": "Isolated",
-                 "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": True, "vocab": vocab, "merges": merges},
-        }
+        return to_huggingface(self)
 
     # -- own file format -------------------------------------------------------
 
@@ -673,16 +604,6 @@ class _RankLimit:
         return r if r is not None and r < self.limit else default
 
 
-def _onig_pattern(pattern: str) -> str:
-    """Rewrite a pattern for Hugging Face's regex engine (Oniguruma).
-
-    Oniguruma reads ``{1,3}+`` as "one to three, repeated", not as a possessive ``{1,3}``;
-    a bounded repeat at the end of an alternative never backtracks anyway, so the ``+``
-    is dropped. (This is why Llama 3's ``tokenizer.json`` writes ``\\p{N}{1,3}``.)
-    """
-    return regex.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
-
-
 def _fix_surrogates(text: str) -> str:
     # tiktoken does the same: lone surrogates cannot be UTF-8, so they become U+FFFD.
     try:
@@ -700,152 +621,6 @@ def _read_json(path) -> object:
         raise FileNotFoundError(f"tokenizer file {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); the file is corrupt or not a tokenizer file") from None
-
-
-def _hf_pattern(pre, label: str) -> str:
-    if pre is None:
-        raise ValueError(f"{label}: no pre_tokenizer; expected ByteLevel or Split+ByteLevel")
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    pattern = None
-    for step in steps:
-        kind = step.get("type")
-        if kind == "Split":
-            pat = step.get("pattern", {})
-            if "Regex" not in pat or step.get("behavior") != "Isolated" or step.get("invert"):
-                raise ValueError(f"{label}: Split pre-tokenizer must be an isolated, non-inverted regex")
-            pattern = pat["Regex"]
-        elif kind == "ByteLevel":
-            if step.get("add_prefix_space"):
-                raise ValueError(f"{label}: ByteLevel add_prefix_space=true is not supported")
-            if step.get("use_regex", True):
-                if pattern is not None:
-                    raise ValueError(f"{label}: both a Split regex and ByteLevel use_regex; unsupported")
-                pattern = GPT2_PATTERN
-        else:
-            raise ValueError(f"{label}: pre-tokenizer {kind!r} is not supported (only Split and ByteLevel)")
-    if pattern is None:
-        raise ValueError(f"{label}: pre_tokenizer has no regex split")
-    return pattern
-
-
-# ---------------------------------------------------------------------------
-# Training internals
-# ---------------------------------------------------------------------------
-
-def _count_chunks(text, pattern: str, special_tokens: Sequence[str]) -> tuple[Counter, int]:
-    """Counts of unique pre-split chunks (as str) over the text or documents; specials split the text."""
-    compiled = regex.compile(pattern)
-    splitter = _special_split_regex(special_tokens) if special_tokens else None
-    docs = [text] if isinstance(text, str) else text
-    counts: Counter = Counter()
-    n_chars = 0
-    for doc in docs:
-        if not isinstance(doc, str):
-            raise TypeError(f"training text must be str or an iterable of str, got an item of type {type(doc).__name__}")
-        n_chars += len(doc)
-        segments = splitter.split(doc) if splitter else [doc]
-        for seg in segments:
-            counts.update(compiled.findall(seg))
-    return counts, n_chars
-
-
-def _train_incremental(chunk_counts: Counter, n_merges: int, progress: bool):
-    vocab: list[bytes] = [bytes([b]) for b in range(256)]
-    id_of: dict[bytes, int] = {tok: i for i, tok in enumerate(vocab)}
-    words: list[list[int]] = []
-    freqs: list[int] = []
-    for chunk, f in chunk_counts.items():
-        ids = list(_fix_surrogates(chunk).encode("utf-8"))
-        if len(ids) > 1:
-            words.append(ids)
-            freqs.append(f)
-    counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set] = defaultdict(set)
-    for wi, w in enumerate(words):
-        f = freqs[wi]
-        for pair in zip(w, w[1:]):
-            counts[pair] += f
-            where[pair].add(wi)
-    heap = [(-c, a, b) for (a, b), c in counts.items()]
-    heapq.heapify(heap)
-    merges: list[tuple[int, int]] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_merges, desc="BPE merges", unit="merge")
-    try:
-        while len(vocab) - 256 < n_merges and heap:
-            negc, a, b = heapq.heappop(heap)
-            current = counts.get((a, b), 0)
-            if current != -negc:
-                if current > 0:
-                    heapq.heappush(heap, (-current, a, b))  # stale entry: its count only went down
-                continue
-            merged = vocab[a] + vocab[b]
-            new_id = id_of.get(merged)
-            if new_id is None:
-                new_id = len(vocab)
-                vocab.append(merged)
-                id_of[merged] = new_id
-                if bar is not None:
-                    bar.update(1)
-            merges.append((a, b))
-            touched: set = set()
-            for wi in where.pop((a, b), ()):
-                w = words[wi]
-                nw = merge_pair(w, (a, b), new_id)
-                if len(nw) == len(w):
-                    continue  # stale index entry: this chunk no longer holds the pair
-                f = freqs[wi]
-                for pair in zip(w, w[1:]):
-                    counts[pair] -= f
-                for pair in zip(nw, nw[1:]):
-                    counts[pair] += f
-                    if pair[0] == new_id or pair[1] == new_id:
-                        where[pair].add(wi)
-                        touched.add(pair)
-                words[wi] = nw
-            counts.pop((a, b), None)
-            for pair in touched:
-                c = counts.get(pair, 0)
-                if c > 0:
-                    heapq.heappush(heap, (-c, pair[0], pair[1]))
-    finally:
-        if bar is not None:
-            bar.close()
-    return merges, vocab
-
-
-def train_naive(text: str, vocab_size: int, pattern: str = GPT4_PATTERN, special_tokens: Sequence[str] = (),
-                max_merges: int | None = None):
-    """The textbook trainer that recounts every pair after every merge (slow; for comparison and tests).
-
-    Same tie rule, id assignment and vocabulary accounting as :meth:`Tokenizer.train`, so the
-    merges must be identical. Returns the list of merges ``(left_id, right_id)``.
-    """
-    chunk_counts, _ = _count_chunks(text, pattern, special_tokens)
-    words = [list(c.encode("utf-8")) for c in chunk_counts]
-    freqs = list(chunk_counts.values())
-    vocab = [bytes([b]) for b in range(256)]
-    id_of = {tok: i for i, tok in enumerate(vocab)}
-    merges = []
-    n_merges = vocab_size - 256 - len(set(special_tokens))
-    while len(vocab) - 256 < n_merges and (max_merges is None or len(merges) < max_merges):
-        counts: dict = {}
-        for w, f in zip(words, freqs):
-            count_pairs(w, counts, f)
-        if not counts:
-            break
-        (a, b), _ = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        merged = vocab[a] + vocab[b]
-        new_id = id_of.get(merged)
-        if new_id is None:
-            new_id = len(vocab)
-            vocab.append(merged)
-            id_of[merged] = new_id
-        merges.append((a, b))
-        words = [merge_pair(w, (a, b), new_id) for w in words]
-    return merges
 
 
 # ---------------------------------------------------------------------------
@@ -887,25 +662,18 @@ def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True) ->
     return "".join(out)
 
 
-def build_course_tokenizer(out_dir: str | Path | None = None, progress: bool = True) -> Tokenizer:
-    """Retrain the course tokenizer on the corpus's training split and write it to ``data/tokenizer/``.
+_MOVED = {"train_naive": "bpe_train", "train_ranks": "bpe_train", "build_course_tokenizer": "bpe_train",
+          "_count_chunks": "bpe_train", "_train_incremental": "bpe_train",
+          "_onig_pattern": "bpe_hf", "_hf_pattern": "bpe_hf"}
 
-    Writes ``servelab-bpe-4k.json`` (this library's format) and ``tokenizer.json`` (the same
-    tokenizer for Hugging Face ``tokenizers``). Training is deterministic: a rebuild gives the
-    same files.
-    """
-    from servelab import corpus
 
-    out_dir = Path(out_dir) if out_dir is not None else COURSE_TOKENIZER_PATH.parent
-    text = corpus.load_text("train")
-    tok = Tokenizer.train(text, COURSE_VOCAB_SIZE, GPT4_PATTERN, COURSE_SPECIAL_TOKENS, progress=progress,
-                          name="servelab-bpe-4k")
-    tok.save(out_dir / COURSE_TOKENIZER_PATH.name)
-    with open(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
-        json.dump(tok.to_huggingface(), f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    _course_tokenizer.cache_clear()
-    return tok
+def __getattr__(name):  # training and Hugging Face helpers live in their own modules, which import this one
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'servelab.bpe' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"servelab.{module}"), name)
 
 
 if __name__ == "__main__":
@@ -914,4 +682,6 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["build-course"]:
         print("usage: python -m servelab.bpe build-course   # retrain data/tokenizer/ from the corpus")
         raise SystemExit(2)
+    from servelab.bpe_train import build_course_tokenizer
+
     print(build_course_tokenizer())
