@@ -32,7 +32,8 @@ of them for each token. Four facts follow, each a function here:
 
 The torch layer (router, top-k, softmax blend), a tiny MoE variant of the course
 model and expert parallelism over processes live in
-:mod:`servelab.parallel.experts`; ``servelab.moe.MoELayer`` etc. load it on first use.
+:mod:`servelab.parallel.experts`, which builds on these calculators (this module
+never imports it: the layering runs one way).
 """
 from __future__ import annotations
 
@@ -48,16 +49,6 @@ __all__ = [
     "expert_params_per_layer", "ridge_tokens_per_expert", "rank_expert_seconds", "imbalance_cost",
     "expert_capacity", "dropped_pairs",
 ]
-
-_TORCH_NAMES = {"MoELayer", "moe_model", "expert_parallel_forward", "route"}
-
-
-def __getattr__(name):  # the torch half, imported only when asked for
-    if name in _TORCH_NAMES:
-        from servelab.parallel import experts
-        return getattr(experts, name)
-    raise AttributeError(f"module 'servelab.moe' has no attribute {name!r}")
-
 
 def _check_k_e(k, num_experts) -> None:
     for name, v in (("k", k), ("num_experts", num_experts)):
