@@ -194,6 +194,25 @@ def test_parse_refuses_prompt_over_context_and_pool(tok):
         parse_request({"model": MODEL, "prompt": [5] * 60, "max_tokens": 10}, "completion", tok, small)
 
 
+def test_a_prompt_too_long_to_fit_is_refused_by_its_length_before_tokenizing(tok):
+    from servelab.server.protocol import max_prompt_chars
+    limit = max_prompt_chars(tok, 256)
+    longest = max(len(t) for t in tok.mergeable_ranks)
+    assert limit >= 256 * longest  # no prompt that fits is refused: a token covers <= `longest` chars
+    limits = Limits(model=MODEL, max_model_len=256, pool_tokens=4096, vocab_size=4096, max_prompt_chars=limit)
+
+    def boom(*a, **kw):
+        raise AssertionError("tokenized a prompt that could not fit")
+    tokenizer = type("T", (), {"encode": boom, "encode_ordinary": boom,
+                               "special_tokens": tok.special_tokens})()
+    for b, kind, param in [({"prompt": "x" * (limit + 1)}, "completion", "prompt"),
+                           ({"messages": [{"role": "user", "content": "x" * limit},
+                                          {"role": "user", "content": "y"}]}, "chat", "messages")]:
+        with pytest.raises(APIError, match="characters") as e:
+            parse_request({"model": MODEL, **b}, kind, tokenizer, limits)
+        assert e.value.param == param and e.value.code == "context_length_exceeded"
+
+
 def test_sse_and_histogram_format():
     assert sse({"a": 1}) == b'data: {"a":1}\n\n'
     assert sse("[DONE]") == b"data: [DONE]\n\n"
@@ -354,6 +373,42 @@ def test_an_unexpected_error_is_a_500_in_openai_shape(client, monkeypatch):
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "internal_server_error"
 
 
+def test_a_950_kb_prompt_is_a_quick_400_naming_the_character_limit(server, client):
+    limit = server[0].app.state.limits.max_prompt_chars
+    t0 = time.perf_counter()
+    r = client.post("/v1/completions", json=body(prompt="word " * 190_000))  # 950 KB
+    assert r.status_code == 400 and f"{limit:,} characters" in r.json()["error"]["message"]
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_tokenizing_a_long_prompt_does_not_stall_the_event_loop(server, client, monkeypatch):
+    """A body over ``inline_parse_bytes`` is checked and tokenized in a worker thread;
+    meanwhile the event loop answers (here: /health) as if nothing were running."""
+    srv, _ = server
+    tokenizer = srv.app.state.engine_loop.tokenizer
+    real = tokenizer.encode
+
+    def slow(text, **kw):  # a tokenization that takes a second
+        if text.startswith("SLOW"):
+            time.sleep(1.0)
+        return real(text, **kw)
+    monkeypatch.setattr(tokenizer, "encode", slow)
+    big = body(prompt="SLOW prompt", max_tokens=2, user="u" * 8_000)  # a body over 4 KB
+
+    async def go():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as c:
+            slow_req = asyncio.create_task(c.post("/v1/completions", json=big))
+            await asyncio.sleep(0.2)  # the slow tokenization is under way
+            t0 = time.perf_counter()
+            health = await c.get("/health")
+            waited = time.perf_counter() - t0
+            return (await slow_req).status_code, health.status_code, waited
+
+    slow_status, health_status, waited = asyncio.run(go())
+    assert slow_status == 200 and health_status == 200
+    assert waited < 0.5, f"/health waited {waited:.2f} s behind a tokenization"
+
+
 def test_a_request_the_engine_refuses_is_an_http_error_before_any_stream(client):
     """Admission (the sampler's dry run) happens before the 200: no 200 then an error event."""
     with client.stream("POST", "/v1/completions", json=body(temperature=1e-300, stream=True)) as r:
@@ -391,6 +446,22 @@ def test_body_over_the_size_limit_is_413(model, tok):
         assert c.post("/v1/completions", json=body(max_tokens=2)).status_code == 200
 
 
+def test_a_stopped_server_keeps_no_dispatcher(model, tok):
+    """The engine thread's events reach the event loop through a dispatcher made when the
+    server starts and dropped when it stops (a module-wide table keyed by id(loop) once
+    kept one per event loop ever served, each holding its loop, never pruned)."""
+    from servelab.server import app as app_module
+    fronts = []
+    for _ in range(2):
+        srv, _ = serve(model, tok, num_kv_blocks=32)
+        with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+            assert c.post("/v1/completions", json=body(max_tokens=2)).status_code == 200
+            fronts.append(srv.app.state.engine_loop)
+            assert fronts[-1]._dispatcher is not None
+    assert [f._dispatcher for f in fronts] == [None, None]
+    assert not getattr(app_module, "_DISPATCHERS", {})
+
+
 def test_prompt_larger_than_the_pool_is_400(model, tok):
     srv, engine = serve(model, tok, num_kv_blocks=4, block_size=16)  # 64 slots, context 256
     with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
@@ -421,6 +492,18 @@ def test_too_many_requests_is_429_with_retry_after(model, tok):
         assert wait_until(lambda: idle(engine, loop))
         assert c.post("/v1/completions", json=body()).status_code == 200
 
+        async def burst(k=8):  # k streams at once: at most 2 may be admitted, the rest 429
+            async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as ac:
+                async def one():
+                    async with ac.stream("POST", "/v1/completions",
+                                         json=body(max_tokens=20, ignore_eos=True, stream=True)) as r:
+                        await r.aread()
+                        return r.status_code
+                return await asyncio.gather(*(one() for _ in range(k)))
+        codes = asyncio.run(burst())
+        assert set(codes) <= {200, 429} and 1 <= codes.count(200) <= 2, codes
+        assert wait_until(lambda: idle(engine, loop))
+
 
 def test_disconnect_frees_blocks_within_one_step(server):
     srv, engine = server
@@ -440,6 +523,9 @@ def test_disconnect_frees_blocks_within_one_step(server):
     assert rec.freed and rec.step_applied - rec.step_requested <= 1
     assert wait_until(lambda: idle(engine, loop))
     assert engine.scheduler.kv.allocator.num_free == total
+    text = httpx.get(srv.url + "/metrics", timeout=TIMEOUT).text  # an abort is not a success
+    assert 'finished_reason="abort"' not in text
+    assert int(text.split("\nservelab:request_aborted_total ")[1].split()[0]) >= 1
 
 
 def test_a_request_whose_sampling_raises_fails_alone(server, monkeypatch):
@@ -516,6 +602,9 @@ def test_an_engine_failure_ends_its_requests_and_the_server_goes_on(server):
                 events = read_stream(s)
             assert "error" in events[-2] and events[-2]["error"]["code"] == "engine_error"
             assert events[-1] == "[DONE]"
+            text = c.get("/metrics").text  # admitted, then failed: a failure, not a rejection
+            assert 'servelab:request_failed_total{code="engine_error"}' in text
+            assert 'request_rejected_total{status="500"}' not in text
             assert wait_until(lambda: idle(engine, loop))
             assert engine.scheduler.kv.allocator.num_used == 0
             r = c.post("/v1/completions", json=body())

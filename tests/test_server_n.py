@@ -47,7 +47,7 @@ def server(request):
         from servelab.bpe import load_course_tokenizer
         engine = fail_steps_of_seed(build_engine(tiny_model(), load_course_tokenizer(), num_kv_blocks=256))
     else:
-        from servelab.server.core import EngineCoreClient
+        from servelab.server.client import EngineCoreClient
         engine = EngineCoreClient("tiny", builder="test_server_n:failing_tiny_engine", num_kv_blocks=256,
                                   startup_timeout_s=120)
     with ServerThread(create_app(engine, ServerSettings(model_name=MODEL))) as srv:

@@ -21,7 +21,7 @@ import pytest
 from servelab.engine import LLM
 from servelab.sampling import SamplingParams
 from servelab.server import ServerSettings, ServerThread, build_engine, create_app, launch
-from servelab.server.core import EngineCoreClient
+from servelab.server.client import EngineCoreClient
 
 from test_server import MODEL, body, read_stream, tiny_model
 

@@ -45,7 +45,7 @@ def server(request, model, tok):
     if request.param == "thread":
         engine = build_engine(model, tok, num_kv_blocks=512, max_num_seqs=64)
     else:
-        from servelab.server.core import EngineCoreClient
+        from servelab.server.client import EngineCoreClient
         engine = EngineCoreClient("tiny", builder="test_server_process:tiny_engine", num_kv_blocks=512,
                                   max_num_seqs=64, startup_timeout_s=120)
     srv = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, max_queued_requests=1000)))

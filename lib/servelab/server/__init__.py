@@ -12,8 +12,11 @@ engine loop as a thread of the API server instead. Pieces, one per file:
 
 * ``protocol.py``    - OpenAI's request fields checked, and its response shapes;
 * ``errors.py``      - OpenAI's error body;
+* ``front.py``       - ``EngineFront``: the one face the app drives, whichever runs the engine;
 * ``engine_loop.py`` - the one loop that owns the engine (a thread, or the core's main loop);
-* ``core.py``        - the engine core's process and the API server's client for it;
+* ``core.py``        - the engine core's process (and ``build_engine``);
+* ``client.py``      - the API server's handle on that process;
+* ``wire.py``        - the frames the two processes exchange;
 * ``metrics.py``     - Prometheus counters and histograms;
 * ``app.py``         - the FastAPI endpoints and server-sent events;
 * ``runner.py``      - building an engine from a checkpoint, and running the app.
@@ -25,12 +28,12 @@ import importlib
 
 _EXPORTS = {
     "ServerSettings": "app", "create_app": "app", "sse": "app",
-    "EngineCoreClient": "core",
+    "EngineCoreClient": "client", "EngineFront": "front",
     "EngineLoop": "engine_loop", "Event": "engine_loop",
     "APIError": "errors", "error_body": "errors",
     "ServerMetrics": "metrics",
     "Limits": "protocol", "ParsedRequest": "protocol", "encode_chat": "protocol", "parse_request": "protocol",
-    "ServerProcess": "runner", "ServerThread": "runner", "build_engine": "runner", "free_port": "runner",
+    "ServerProcess": "runner", "ServerThread": "runner", "build_engine": "core", "free_port": "runner",
     "launch": "runner",
 }
 __all__ = list(_EXPORTS)

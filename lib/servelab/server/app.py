@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP face of the engine (FastAPI + uvicorn).
 
 ``create_app(engine, ...)`` returns a FastAPI app whose lifespan starts and
-stops an :class:`~servelab.server.engine_loop.EngineLoop`. Endpoints:
+stops an engine front (:class:`~servelab.server.front.EngineFront`: the engine
+as a thread, or its own process). Endpoints:
 
 * ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's fields
   and shapes, streamed as server-sent events (``data: {json}`` lines, then
@@ -11,9 +12,11 @@ stops an :class:`~servelab.server.engine_loop.EngineLoop`. Endpoints:
 Every refusal is OpenAI's error body with 400/404/413/429/503, and any
 unexpected failure a 500 in the same shape. A request is admitted by the
 engine before the server answers 200, so a refused one (bad sampling settings,
-a dead engine) is an HTTP error, never a 200 followed by an error event. A
-client that disconnects mid-stream has its request aborted before the next
-engine step.
+a dead engine) is an HTTP error, never a 200 followed by an error event, and
+the 429 limit counts it from then on. A prompt too long to fit the context is
+refused by its character count before it is tokenized; large bodies are
+tokenized in a worker thread, so they never stall other streams. A client that
+disconnects mid-stream has its request aborted before the next engine step.
 
 Shutting down (``app.state.drain()``, which SIGTERM runs: :mod:`servelab.server.runner`):
 new requests get 503 ``shutting_down`` at once (kept-alive connections too),
@@ -31,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from servelab.server import protocol
 from servelab.server.engine_loop import EngineLoop, Event
 from servelab.server.errors import APIError, error_body
+from servelab.server.front import EngineFront
 from servelab.server.metrics import ServerMetrics
 
 __all__ = ["ServerSettings", "create_app", "sse"]
@@ -61,6 +64,7 @@ class ServerSettings:
     retry_after_s: int = 1                   # the 429's Retry-After header
     shutdown_grace_s: float = 5.0            # SIGTERM: time for in-flight requests to finish
     nondisconnect_poll_s: float = 0.25       # non-streamed requests: how often to check the client
+    inline_parse_bytes: int = 4096           # larger bodies are checked and tokenized in a worker thread
     exit_on_engine_loss: bool = True         # engine core died: the server exits (code 1)
 
 
@@ -81,35 +85,6 @@ def _timings(req_t: dict, out) -> dict:
     return t
 
 
-class _Dispatcher:
-    """Hands the engine thread's events to the event loop with one wake-up per batch.
-
-    Every engine step produces an event per running request; waking the event loop
-    for each (a pipe write per call) would cost more than the step on a small model.
-    Events wait in a list, and only the first of a batch schedules a flush.
-    """
-
-    def __init__(self, loop):
-        self.loop = loop
-        self.lock = threading.Lock()
-        self.pending: list = []
-        self.scheduled = False
-
-    def post(self, q, event) -> None:
-        with self.lock:
-            self.pending.append((q, event))
-            if self.scheduled:
-                return
-            self.scheduled = True
-        self.loop.call_soon_threadsafe(self._flush)
-
-    def _flush(self) -> None:
-        with self.lock:
-            items, self.pending, self.scheduled = self.pending, [], False
-        for q, event in items:
-            q.put_nowait(event)
-
-
 class _Stream(StreamingResponse):
     """A streamed response that calls ``closed()`` when it ends, however it ends: also when
     the client left before its first byte (the body's generator then never starts)."""
@@ -125,44 +100,25 @@ class _Stream(StreamingResponse):
             self._closed()
 
 
-_DISPATCHERS: dict = {}
-
-
-def _dispatcher(loop) -> _Dispatcher:
-    d = _DISPATCHERS.get(id(loop))
-    if d is None or d.loop is not loop:
-        d = _DISPATCHERS[id(loop)] = _Dispatcher(loop)
-    return d
-
-
 def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bool = True):
     """The app over ``engine``: an :class:`~servelab.engine.LLMEngine` with a tokenizer
-    (driven by a thread of this process), or an
-    :class:`~servelab.server.core.EngineCoreClient` (the engine in its own process)."""
-    from servelab.server.core import EngineCoreClient
+    (driven by a thread of this process: :class:`~servelab.server.engine_loop.EngineLoop`),
+    or any :class:`~servelab.server.front.EngineFront`, such as
+    :class:`~servelab.server.client.EngineCoreClient` (the engine in its own process)."""
     settings = settings or ServerSettings()
-    if engine.tokenizer is None:
+    front: EngineFront = engine if isinstance(engine, EngineFront) else EngineLoop(engine)
+    tokenizer = front.tokenizer
+    if tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer (LLMEngine.from_model(model, tokenizer))")
-    tokenizer = getattr(engine.tokenizer, "tokenizer", engine.tokenizer)  # unwrap LLM's prompt wrapper
-    if isinstance(engine, EngineCoreClient):
-        info = engine.info
-        max_model_len, pool_tokens, num_kv_blocks, max_num_seqs = (
-            info["max_model_len"], info["pool_tokens"], info["num_kv_blocks"], info["max_num_seqs"])
-        vocab = info["vocab_size"]
-    else:
-        cfg = engine.config
-        max_model_len, pool_tokens, num_kv_blocks, max_num_seqs = (
-            cfg.max_model_len, cfg.pool_tokens, cfg.num_kv_blocks, cfg.max_num_seqs)
-        vocab = getattr(engine.runner, "vocab_size", None)
+    info = front.info
+    max_model_len = info["max_model_len"]
     limits = protocol.Limits(model=settings.model_name, max_model_len=max_model_len,
-                             pool_tokens=pool_tokens, vocab_size=vocab or tokenizer.vocab_size)
-    metrics = ServerMetrics(num_kv_blocks)
-    if isinstance(engine, EngineCoreClient):
-        loop_ = engine
-        loop_.metrics = metrics
-    else:
-        loop_ = EngineLoop(engine, metrics)
-    in_loop = getattr(loop_, "in_loop_thread", False)
+                             pool_tokens=info["pool_tokens"],
+                             vocab_size=info["vocab_size"] or tokenizer.vocab_size,
+                             max_prompt_chars=protocol.max_prompt_chars(tokenizer, max_model_len))
+    metrics = ServerMetrics(info["num_kv_blocks"])
+    front.metrics = metrics
+    max_num_seqs = info["max_num_seqs"]
     max_in_flight = max_num_seqs + settings.max_queued_requests
 
     def engine_lost(reason: str) -> None:
@@ -173,20 +129,14 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
 
     @asynccontextmanager
     async def lifespan(app):
-        loop_.on_lost = engine_lost
+        front.on_lost = engine_lost
         if start_loop:
-            if in_loop:
-                await loop_.start()
-            else:
-                loop_.start()
+            await front.start()
         yield
-        if in_loop:
-            await loop_.astop()
-        else:
-            await asyncio.to_thread(loop_.stop, 0.0)
+        await front.astop()
 
     app = FastAPI(title="servelab", lifespan=lifespan)
-    app.state.engine_loop = loop_
+    app.state.engine_loop = front
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.limits = limits
@@ -208,16 +158,16 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     @app.exception_handler(Exception)
     async def _unexpected(request, exc):  # a bug: still OpenAI's shape, never a plain-text 500
         log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
-        metrics.record_rejected(500)
+        metrics.record_failed("internal_error")
         return JSONResponse(error_body(f"internal server error ({type(exc).__name__}); this is a "
                                        "server bug, please report it", 500, code="internal_error"),
                             status_code=500)
 
     @app.get("/health")
     async def health():
-        if not loop_.alive:
+        if not front.alive:
             raise APIError(503, "the engine loop is not running", code="engine_down")
-        return {"status": "draining" if loop_.draining else "ok", **loop_.snapshot()}
+        return {"status": "draining" if front.draining else "ok", **front.snapshot()}
 
     @app.get("/v1/models")
     async def models():
@@ -241,7 +191,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                 raise APIError(413, f"the request body is over the limit of {limit:,} bytes "
                                     "(--max-body-bytes)", code="request_too_large")
         try:
-            return json.loads(body)
+            return json.loads(body), len(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
                            code="invalid_json") from exc
@@ -249,33 +199,34 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
             raise APIError(400, "the request body nests JSON arrays or objects too deeply to read; "
                                 "send a flat JSON object", code="invalid_json") from exc
 
-    async def _handle(request: Request, kind: str):
-        received = time.perf_counter()
-        body = await _read_json(request)
-        if loop_.draining:
+    def _check_open() -> None:
+        if front.draining:
             raise APIError(503, "the server is shutting down; retry on another replica",
                            code="shutting_down")
-        if not loop_.alive:
+        if not front.alive:
             raise APIError(503, "the engine is not running; retry on another replica", code="engine_down")
-        req = protocol.parse_request(body, kind, tokenizer, limits)
-        if loop_.num_in_flight >= max_in_flight:
-            raise APIError(429, f"too many requests in flight ({loop_.num_in_flight}; the limit is "
+
+    async def _handle(request: Request, kind: str):
+        received = time.perf_counter()
+        body, size = await _read_json(request)
+        _check_open()
+        if size <= settings.inline_parse_bytes:
+            req = protocol.parse_request(body, kind, tokenizer, limits)
+        else:  # a long prompt takes a while to tokenize: not on the event loop, which serves every stream
+            req = await asyncio.to_thread(protocol.parse_request, body, kind, tokenizer, limits)
+            _check_open()
+        # from this check to submit() nothing awaits: no other request can slip in between,
+        # and submit() counts this one in flight at once
+        if front.num_in_flight >= max_in_flight:
+            raise APIError(429, f"too many requests in flight ({front.num_in_flight}; the limit is "
                                 f"{max_in_flight} = {max_num_seqs} running + "
                                 f"{settings.max_queued_requests} queued); retry after "
                                 f"{settings.retry_after_s} s", code="rate_limit_exceeded",
                            headers={"Retry-After": str(settings.retry_after_s)})
         req_t = {"received": received, "tokenized": time.perf_counter()}
         q: asyncio.Queue = asyncio.Queue()
-        if in_loop:  # the engine core's events arrive in this event loop's thread
-            sink = q.put_nowait
-        else:
-            post = _dispatcher(asyncio.get_running_loop()).post
-
-            def sink(event: Event):
-                post(q, event)
-
         req_t["submitted"] = time.perf_counter()
-        loop_.submit(req.request_id, req.prompt_token_ids, req.sampling_params, sink,
+        front.submit(req.request_id, req.prompt_token_ids, req.sampling_params, q.put_nowait,
                      arrival_time=received, n=req.n)
         await _admitted(req, q)
         if req.stream:
@@ -283,7 +234,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
 
             def closed():  # the response ended, or never started: the client went away
                 if not state["done"]:
-                    loop_.abort(req.request_id)
+                    front.abort(req.request_id)
 
             return _Stream(_stream(req, q, req_t, state), closed, media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -297,7 +248,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                 try:
                     ev: Event = await asyncio.wait_for(q.get(), settings.nondisconnect_poll_s)
                 except asyncio.TimeoutError:
-                    if not loop_.alive:
+                    if not front.alive:
                         raise APIError(503, "the engine stopped before it took this request; retry on "
                                             "another replica", code="engine_down") from None
                     continue
@@ -305,7 +256,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     raise APIError(ev.status, ev.message, code=ev.code)
                 return  # "admitted": it always comes before the request's outputs
         except asyncio.CancelledError:
-            loop_.abort(req.request_id)
+            front.abort(req.request_id)
             raise
 
     def _keep_prompt_cached(kept: int | None, out) -> int | None:
@@ -357,9 +308,9 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         prompt_cached = None
         while True:
             for ev in _latest(q, await q.get()):
-                if ev.kind == "error":
+                if ev.kind == "error":  # admitted, then failed (engine error, shutdown)
                     state["done"] = True
-                    metrics.record_rejected(ev.status)
+                    metrics.record_failed(ev.code)
                     yield sse(error_body(ev.message, ev.status, code=ev.code))
                     yield sse("[DONE]")
                     return
@@ -411,9 +362,11 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                         return JSONResponse(error_body("client disconnected", 400), status_code=400)
                 if ev is None or ev.kind == "admitted":
                     continue
-                if ev.kind == "error":
+                if ev.kind == "error":  # admitted, then failed: not a rejection
                     done = True
-                    raise APIError(ev.status, ev.message, code=ev.code)
+                    metrics.record_failed(ev.code)
+                    return JSONResponse(error_body(ev.message, ev.status, code=ev.code),
+                                        status_code=ev.status)
                 out = ev.output
                 prompt_cached = _keep_prompt_cached(prompt_cached, out)
                 if out.finished:
@@ -426,25 +379,25 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
                     return JSONResponse(body)
         finally:
             if not done:
-                loop_.abort(req.request_id)
+                front.abort(req.request_id)
 
     async def drain() -> None:
         """Shut down gracefully (SIGTERM): refuse new requests now (503), give those in
         flight ``settings.shutdown_grace_s`` to finish, then end the rest with a 503
         (an error event and ``[DONE]`` for a stream). Returns once none is left."""
-        loop_.begin_drain()
+        front.begin_drain()
         clock = asyncio.get_running_loop()
         deadline = clock.time() + settings.shutdown_grace_s
-        while loop_.num_in_flight and loop_.alive and clock.time() < deadline:
+        while front.num_in_flight and front.alive and clock.time() < deadline:
             await asyncio.sleep(0.02)
-        if loop_.num_in_flight and loop_.alive:
+        if front.num_in_flight and front.alive:
             log.warning("shutdown: %d request(s) still running after the %.1f s grace; ending them",
-                        loop_.num_in_flight, settings.shutdown_grace_s)
-            loop_.fail_all(503, f"the server shut down before this request finished (its shutdown "
+                        front.num_in_flight, settings.shutdown_grace_s)
+            front.fail_all(503, f"the server shut down before this request finished (its shutdown "
                                 f"grace of {settings.shutdown_grace_s:g} s ran out); retry it",
                            "shutting_down")
             deadline = clock.time() + 5.0  # the engine ends them before its next step
-            while loop_.num_in_flight and loop_.alive and clock.time() < deadline:
+            while front.num_in_flight and front.alive and clock.time() < deadline:
                 await asyncio.sleep(0.02)
 
     app.state.drain = drain

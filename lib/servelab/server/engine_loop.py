@@ -3,13 +3,19 @@
 HTTP handlers never call the engine. They put commands (add, abort) into a
 thread-safe inbox; the engine thread drains the inbox between steps, runs
 ``engine.step()`` and hands each request's new tokens to that request's
-*sink*, a callable that must not block (the app's sink is
-``loop.call_soon_threadsafe(queue.put_nowait, event)``). So a slow or vanished
-client can never stall a step, and an abort is applied before the very next
-step: a disconnected client's KV blocks are free within one engine step.
+*sink*. So a slow or vanished client can never stall a step, and an abort is
+applied before the very next step: a disconnected client's KV blocks are free
+within one engine step.
+
+Started from an event loop (``await start()``), the loop calls every sink in
+that event loop's thread, one wake-up per batch of events (:class:`_Dispatcher`):
+the same promise as :class:`~servelab.server.client.EngineCoreClient`, so the
+app drives either through one face (:class:`~servelab.server.front.EngineFront`).
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -57,6 +63,38 @@ class EngineCounters(NamedTuple):
     prefix_cache_hit_blocks: int
 
 
+class _Dispatcher:
+    """Hands the engine thread's events to an event loop with one wake-up per batch.
+
+    Every engine step produces an event per running request; waking the event loop
+    for each (a pipe write per call) would cost more than the step on a small model.
+    Events wait in a list, and only the first of a batch schedules a flush.
+    """
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list = []
+        self.scheduled = False
+
+    def post(self, sink, event) -> None:
+        with self.lock:
+            self.pending.append((sink, event))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self.lock:
+            items, self.pending, self.scheduled = self.pending, [], False
+        for sink, event in items:
+            try:
+                sink(event)
+            except Exception:  # noqa: BLE001 - one gone client must not lose the others' events
+                log.debug("dropping an event for a gone client", exc_info=True)
+
+
 @dataclass
 class _Tracked:
     sink: Callable[[Event], object]
@@ -66,11 +104,15 @@ class _Tracked:
 
 
 class EngineLoop:
-    """Owns an :class:`~servelab.engine.LLMEngine` and drives it in a background thread."""
+    """Owns an :class:`~servelab.engine.LLMEngine` and drives it in a background thread
+    (an :class:`~servelab.server.front.EngineFront`)."""
 
     def __init__(self, engine, metrics=None, *, idle_wait_s: float = 0.02):
         self.engine = engine
         self.metrics = metrics
+        tok = engine.tokenizer
+        self.tokenizer = getattr(tok, "tokenizer", tok)  # unwrap LLM's prompt wrapper
+        self._dispatcher: _Dispatcher | None = None  # set by start(): sinks run in that loop
         self.idle_wait_s = idle_wait_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._tracked: dict[str, _Tracked] = {}
@@ -86,6 +128,14 @@ class EngineLoop:
 
     # ------------------------------------------------------------- HTTP side
     @property
+    def info(self) -> dict:
+        """What the engine can hold (the app's limits)."""
+        cfg = self.engine.config
+        return {"max_model_len": cfg.max_model_len, "pool_tokens": cfg.pool_tokens,
+                "num_kv_blocks": cfg.num_kv_blocks, "max_num_seqs": cfg.max_num_seqs,
+                "block_size": cfg.block_size, "vocab_size": getattr(self.engine.runner, "vocab_size", None)}
+
+    @property
     def num_in_flight(self) -> int:
         """Requests submitted and not yet finished (queued in the inbox or in the engine)."""
         return self._in_flight
@@ -98,7 +148,10 @@ class EngineLoop:
                sink: Callable[[Event], object], arrival_time: float | None = None, n: int = 1) -> None:
         """Queue a request (``n`` completions); its events go to ``sink`` (called from the
         engine thread): first ``"admitted"`` once the engine took it (or an ``"error"`` if
-        it refused it), then its outputs."""
+        it refused it), then its outputs. After ``await start()`` the sink is called in
+        that event loop's thread, else in the engine thread (it must not block)."""
+        if self._dispatcher is not None:
+            sink = functools.partial(self._dispatcher.post, sink)
         with self._lock:
             self._in_flight += 1
         self._inbox.put(("add", request_id, prompt_token_ids, sampling_params, sink,
@@ -126,11 +179,22 @@ class EngineLoop:
                 "steps": self.steps, "in_flight": self._in_flight}
 
     # ------------------------------------------------------------- lifecycle
-    def start(self) -> "EngineLoop":
+    async def start(self) -> "EngineLoop":
+        """Start the engine thread; sinks will be called in the running event loop."""
+        self._dispatcher = _Dispatcher(asyncio.get_running_loop())
+        return self.start_thread()
+
+    def start_thread(self) -> "EngineLoop":
+        """Start the engine thread (sinks are then called in the engine thread)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
             self._thread.start()
         return self
+
+    async def astop(self) -> None:
+        """Stop without waiting for requests (the app's drain already gave them their grace)."""
+        await asyncio.to_thread(self.stop, 0.0)
+        self._dispatcher = None
 
     def stop(self, grace_s: float = 0.0, timeout_s: float = 10.0) -> None:
         """Stop admitting; let in-flight requests finish for ``grace_s``; abort the rest; join."""
@@ -217,7 +281,7 @@ class EngineLoop:
             except Exception:  # noqa: BLE001
                 log.error("abort of %s failed:\n%s", rid, traceback.format_exc())
             if self._finish(rid) is not None and self.metrics is not None:
-                self.metrics.record_finished("abort", 0, None)
+                self.metrics.record_aborted()
             self.abort_log.append(AbortRecord(rid, step_requested, self.steps, out is not None))
 
     def _dispatch(self, out) -> None:

@@ -5,6 +5,12 @@ handlers, under one lock. Names follow vLLM's (``vllm:`` becomes
 ``servelab:``): running and waiting requests, KV blocks in use, the
 prefix-cache hit rate, time-to-first-token and inter-token histograms, and
 tokens in and out.
+
+Every request is counted once, by how it ended: ``request_success_total``
+(finished: ``stop`` or ``length``), ``request_aborted_total`` (its client
+left), ``request_failed_total`` (admitted, then ended by an error: the engine
+failed, the server shut down, a bug) or ``request_rejected_total`` (refused
+before it was admitted: a bad field, 429, 503).
 """
 from __future__ import annotations
 
@@ -63,7 +69,9 @@ class ServerMetrics:
         self.cached_prompt_tokens = 0       # prompt tokens served from the prefix cache
         self.scheduled_prompt_tokens = 0    # prompt tokens of admitted requests
         self.requests_finished: dict[str, int] = {}
-        self.requests_rejected: dict[int, int] = {}
+        self.requests_rejected: dict[int, int] = {}  # HTTP status -> refused before admission
+        self.requests_failed: dict[str, int] = {}    # error code -> admitted, then failed
+        self.requests_aborted = 0                    # the client went away
         self.num_steps = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -87,6 +95,9 @@ class ServerMetrics:
             self.cached_prompt_tokens += cached_tokens
 
     def record_finished(self, reason: str, prompt_tokens: int, e2e: float | None) -> None:
+        if reason == "abort":  # an aborted request did not succeed
+            self.record_aborted()
+            return
         with self.lock:
             self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
             self.prompt_tokens += prompt_tokens
@@ -94,8 +105,20 @@ class ServerMetrics:
                 self.e2e.observe(e2e)
 
     def record_rejected(self, status: int) -> None:
+        """A request refused before the engine admitted it."""
         with self.lock:
             self.requests_rejected[status] = self.requests_rejected.get(status, 0) + 1
+
+    def record_failed(self, code: str | None) -> None:
+        """An admitted request that ended with an error instead of its output."""
+        code = code or "unknown"
+        with self.lock:
+            self.requests_failed[code] = self.requests_failed.get(code, 0) + 1
+
+    def record_aborted(self) -> None:
+        """A request whose client went away (its engine work was aborted)."""
+        with self.lock:
+            self.requests_aborted += 1
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -130,7 +153,13 @@ class ServerMetrics:
                       f"# TYPE {p}request_success_total counter"]
             for reason, c in sorted(self.requests_finished.items()):
                 lines.append(f'{p}request_success_total{{finished_reason="{reason}"}} {c}')
-            lines += [f"# HELP {p}request_rejected_total Refused requests by HTTP status.",
+            gauge("request_aborted_total", self.requests_aborted,
+                  "Requests aborted because their client went away.", "counter")
+            lines += [f"# HELP {p}request_failed_total Admitted requests ended by an error, by error code.",
+                      f"# TYPE {p}request_failed_total counter"]
+            for code, c in sorted(self.requests_failed.items()):
+                lines.append(f'{p}request_failed_total{{code="{code}"}} {c}')
+            lines += [f"# HELP {p}request_rejected_total Requests refused before admission, by HTTP status.",
                       f"# TYPE {p}request_rejected_total counter"]
             for status, c in sorted(self.requests_rejected.items()):
                 lines.append(f'{p}request_rejected_total{{status="{status}"}} {c}')

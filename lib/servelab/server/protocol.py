@@ -22,7 +22,7 @@ from typing import Any
 
 from servelab.server.errors import APIError, bad_request
 
-__all__ = ["Limits", "ParsedRequest", "parse_request", "encode_chat", "CHAT_ROLES", "MAX_N",
+__all__ = ["Limits", "ParsedRequest", "parse_request", "encode_chat", "max_prompt_chars", "CHAT_ROLES", "MAX_N",
            "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "MAX_LOGPROBS_COMPLETIONS"]
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -49,6 +49,32 @@ class Limits:
     pool_tokens: int            # the whole KV pool, in token slots
     vocab_size: int
     default_max_tokens: int = 16  # /v1/completions default (OpenAI's); chat: what the context leaves
+    max_prompt_chars: int | None = None  # a longer prompt cannot fit the context: refused untokenized
+
+
+def max_prompt_chars(tokenizer, max_model_len: int) -> int | None:
+    """The most characters a prompt that fits ``max_model_len`` tokens can have.
+
+    A token covers at most the bytes of the longest token in the vocabulary (or the
+    longest special token's text), and a character is at least one byte, so a prompt
+    of more characters than ``max_model_len`` times that needs more tokens than the
+    context holds: it can be refused by its length alone, before any tokenizing.
+    None when the tokenizer does not list its tokens' bytes.
+    """
+    ranks = getattr(tokenizer, "mergeable_ranks", None)
+    if not ranks:
+        return None
+    longest = max(len(t) for t in ranks)
+    longest = max([longest, *(len(s) for s in (getattr(tokenizer, "special_tokens", None) or {}))])
+    return max_model_len * longest
+
+
+def _check_chars(n_chars: int, limits: "Limits | None", param: str) -> None:
+    limit = None if limits is None else limits.max_prompt_chars
+    if limit is not None and n_chars > limit:
+        raise bad_request(f"the prompt has {n_chars:,} characters; no prompt longer than {limit:,} "
+                          f"characters fits this model's maximum context length of "
+                          f"{limits.max_model_len} tokens; shorten it", param, "context_length_exceeded")
 
 
 @dataclass
@@ -130,14 +156,15 @@ def _stop_list(body: dict) -> list[str]:
     return stop
 
 
-def encode_chat(tokenizer, messages) -> list[int]:
+def encode_chat(tokenizer, messages, limits: Limits | None = None) -> list[int]:
     """Token ids of a chat in the course template (role markers as special ids,
-    content as plain text), ending with the assistant's marker."""
+    content as plain text), ending with the assistant's marker. With ``limits``, a
+    chat whose text is too long to fit is refused before any of it is tokenized."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects",
                           "messages", "invalid_type")
     special = tokenizer.special_tokens
-    ids: list[int] = []
+    turns: list[tuple[str, str]] = []
     for k, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise bad_request(f"messages[{k}] must be an object with 'role' and 'content', got "
@@ -157,6 +184,10 @@ def encode_chat(tokenizer, messages) -> list[int]:
         if not isinstance(content, str):
             raise bad_request(f"messages[{k}].content must be a string, got {_type_name(content)}",
                               f"messages[{k}].content", "invalid_type")
+        turns.append((role, content))
+    _check_chars(sum(len(c) for _, c in turns), limits, "messages")
+    ids: list[int] = []
+    for role, content in turns:
         ids.append(special[f"<|{role}|>"])
         ids.extend(tokenizer.encode_ordinary("\n" + content))
         ids.append(special["<|end|>"])
@@ -166,15 +197,17 @@ def encode_chat(tokenizer, messages) -> list[int]:
     return ids
 
 
-def _completion_prompt(tokenizer, prompt, vocab_size: int) -> list[int]:
+def _completion_prompt(tokenizer, prompt, limits: Limits) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if prompt == "":
             raise bad_request("'prompt' is empty; send at least one character", "prompt")
+        _check_chars(len(prompt), limits, "prompt")
         return list(tokenizer.encode(prompt, allowed_special="all"))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
+        vocab_size = limits.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise bad_request(f"'prompt' token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
@@ -215,12 +248,12 @@ def parse_request(body: Any, kind: str, tokenizer, limits: Limits) -> ParsedRequ
         if "messages" not in body:
             raise bad_request("'messages' is required for /v1/chat/completions", "messages",
                               "missing_required_parameter")
-        ids = encode_chat(tokenizer, body["messages"])
+        ids = encode_chat(tokenizer, body["messages"], limits)
     else:
         if "prompt" not in body:
             raise bad_request("'prompt' is required for /v1/completions", "prompt",
                               "missing_required_parameter")
-        ids = _completion_prompt(tokenizer, body["prompt"], limits.vocab_size)
+        ids = _completion_prompt(tokenizer, body["prompt"], limits)
 
     context = min(limits.max_model_len, limits.pool_tokens)
     if len(ids) >= limits.pool_tokens:
