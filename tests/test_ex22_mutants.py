@@ -23,6 +23,21 @@ MUTANTS = [
     ("q2", "rounds instead of a ceiling", "math.ceil(max(rates) * headroom / per_replica_rate)",
      "round(max(rates) * headroom / per_replica_rate)", ""),
     ("q2", "forgets the headroom", "max(rates) * headroom / per_replica_rate", "max(rates) / per_replica_rate", ""),
+    ("q3", "a request that ends as another arrives still counts as busy", "if end > arrival]",
+     "if end >= arrival]", ""),
+    ("q3", "a strict comparison with the slack", "if load[home] <= load[least] + slack:",
+     "if load[home] < load[least] + slack:", ""),
+    ("q3", "a miss does not leave its prefix on the replica that served it",
+     "                cache[prefix] = True\n", "                pass\n", ""),
+    ("q3", "a cache that never forgets", "if len(cache) > cache_slots:", "if False:", ""),
+    ("q3", "the first replica holding the prefix, not the least busy", "home = min(holders, key=load.__getitem__)",
+     "home = holders[0]", ""),
+    ("q3", "a hit counted when the prefix was cached anywhere",
+     "            if prefix in cache:\n                hits += 1",
+     "            if holders:\n                hits += 1\n            if prefix in cache:", ""),
+    ("q3", "ties to the highest index", "least = min(range(replicas), key=load.__getitem__)",
+     "least = max(range(replicas), key=lambda r: (-load[r], r))", ""),
+    ("q3", "a hit does not make its prefix the most recent", "cache.move_to_end(prefix)", "pass", ""),
 ]
 
 

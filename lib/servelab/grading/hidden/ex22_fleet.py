@@ -1,8 +1,13 @@
-"""Exercise 22 · Running a fleet: a token bucket's retry time, replicas for a day's peak. Hidden tests.
+"""Exercise 22 · Running a fleet: a token bucket's retry time, replicas for a day's peak, a
+cache-aware router's hits against its load balance. Hidden tests.
 
 Expected values come from :mod:`servelab.fleet` (``TokenBucket`` and
-``replicas_for_peak``), so the exercise and chapter 22 can never disagree.
+``replicas_for_peak``), so the exercise and chapter 22 can never disagree; Q3's reference router
+is written here (the library's routes a simulated trace by a hashed home replica).
 """
+import random
+from collections import OrderedDict
+
 from servelab import fleet
 from servelab.grading import Case, Question
 
@@ -64,4 +69,93 @@ Q2 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2]
+
+# --------------------------------------------------------------------------- Q3
+
+def _route_by_prefix(requests, replicas, slack, cache_slots):
+    """Reference: a cache-aware router (prefix affinity bounded by a load slack), each replica an LRU
+    cache of prefixes; returns (hits, requests per replica)."""
+    if replicas < 1 or slack < 0 or cache_slots < 0:
+        raise ValueError("at least one replica; slack and cache slots cannot be negative")
+    in_flight = [[] for _ in range(replicas)]     # finish times of the requests each one serves
+    caches = [OrderedDict() for _ in range(replicas)]   # prefixes, least recently served first
+    served = [0] * replicas
+    hits = 0
+    last = float("-inf")
+    for arrival, prefix, duration in requests:
+        if arrival < last or duration < 0:
+            raise ValueError("requests come in arrival order and take a non-negative time")
+        last = arrival
+        for r in range(replicas):                 # a request finishing now has left
+            in_flight[r] = [end for end in in_flight[r] if end > arrival]
+        load = [len(x) for x in in_flight]
+        least = min(range(replicas), key=load.__getitem__)   # the lowest index on a tie
+        target = least
+        holders = [r for r in range(replicas) if prefix is not None and prefix in caches[r]]
+        if holders:
+            home = min(holders, key=load.__getitem__)
+            if load[home] <= load[least] + slack:
+                target = home
+        if prefix is not None:
+            cache = caches[target]
+            if prefix in cache:
+                hits += 1
+                cache.move_to_end(prefix)
+            else:
+                cache[prefix] = True
+                if len(cache) > cache_slots:
+                    cache.popitem(last=False)
+        in_flight[target].append(arrival + duration)
+        served[target] += 1
+    return hits, served
+
+
+def _trace(seed, n, prefixes, rate, mean_s, none_share=0.1):
+    """Poisson arrivals; prefixes by a 1/k popularity (a few hot documents, a long tail); some
+    requests with no shared prefix; exponential service times."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    weights = [1 / (k + 1) for k in range(prefixes)]
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        p = None if rng.random() < none_share else f"doc{rng.choices(range(prefixes), weights)[0]}"
+        out.append((round(t, 3), p, round(rng.expovariate(1 / mean_s), 3)))
+    return out
+
+
+def _c3(requests, replicas, slack, cache_slots, label):
+    hits, served = _route_by_prefix(requests, replicas, slack, cache_slots)
+    return Case(args=(requests, replicas, slack, cache_slots), expected=[hits, served], label=label)
+
+
+_V = [(0.0, "A", 4.0), (0.5, "A", 4.0), (1.0, "A", 4.0), (1.5, "B", 4.0), (2.0, "A", 4.0),
+      (2.5, "B", 4.0), (3.0, "A", 4.0), (5.0, "C", 1.0), (6.0, "B", 1.0)]
+_T = _trace(1, 300, 8, 4.0, 2.0)
+
+Q3 = Question(
+    id="q3", title="A cache-aware router: hits against load balance", function="route_by_prefix",
+    points=6, level="hard", minutes=25,
+    visible=[_c3(_V, 2, 0, 2, "nine requests, 2 replicas, no slack"),
+             _c3(_V, 2, 9, 2, "the same with a slack of 9: more hits, less balance")],
+    hidden=[
+        _c3(_V, 2, 1, 2, "slack 1"),
+        _c3(_T, 4, 0, 2, "300 requests on 4 replicas, no slack, 2 slots"),
+        _c3(_T, 4, 2, 2, "slack 2, 2 slots"),
+        _c3(_T, 4, 2, 1, "slack 2, 1 slot"),
+        _c3(_T, 4, 4, 4, "slack 4, 4 slots"),
+        _c3(_T, 4, 100, 1, "pure affinity, 1 slot"),
+        _c3(_T, 4, 100, 2, "pure affinity, 2 slots"),
+        _c3([(0, "A", 1.0), (1.0, "B", 1.0), (1.0, "A", 1.0)], 2, 0, 4,
+            "a request that finishes as another arrives has left"),
+        _c3([(0, None, 5), (1, None, 5), (2, None, 5)], 2, 0, 4, "no shared prefix: never a hit"),
+        _c3(_T[:50], 3, 2, 0, "no cache slots"),
+        _c3([], 3, 1, 2, "no requests"),
+        Case(args=(_V, 0, 1, 2), raises=ValueError, label="no replicas"),
+        Case(args=(_V, 2, -1, 2), raises=ValueError, label="a negative slack"),
+        Case(args=([(1.0, "A", 1.0), (0.5, "A", 1.0)], 2, 1, 2), raises=ValueError,
+             label="arrivals out of order"),
+        Case(args=([(0.0, "A", -1.0)], 2, 1, 2), raises=ValueError, label="a negative service time"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3]
