@@ -4,6 +4,8 @@ batch of one, KV memory waste, and the prefix lab.
 
     .venv/bin/python benchmarks/bench_engine.py --jobs 3        # full run (~7 CPU-minutes, parts in 3 processes)
     .venv/bin/python benchmarks/bench_engine.py --quick --out D # smoke run (seconds), into folder D
+    .venv/bin/python benchmarks/bench_engine.py --trace T.jsonl # the workload from a JSONL trace
+                                  # (servelab.workload's format, as loadgen and `sim check` read it)
 
 Writes engine.md and engine.json into benchmarks/results/ (or ``--out``).
 
@@ -42,6 +44,7 @@ from servelab.engine import EngineConfig, LLMEngine, ModelRunner, StaticBatchEng
 from servelab.engine.model_runner import can_compile
 from servelab import sources
 from servelab.engine.workload import expected_longest, mixed_workload, percentile, static_over_continuous_steps
+from servelab.workload import load_trace, trace_workload
 from servelab.model import LlamaConfig, LlamaModel, save_pretrained
 from servelab.sampling import SamplingParams
 
@@ -495,8 +498,17 @@ def setup(quick: bool):
     torch.manual_seed(0)
     shape = QUICK_MODEL if quick else MODEL
     model = build_model(shape)
-    workload = mixed_workload(cfg["requests"], vocab_size=4000, seed=0, **cfg["workload"])
+    trace = os.environ.get(TRACE_ENV)
+    if trace:  # every request of the trace, queued at t=0 (its arrival times are not used here)
+        workload = trace_workload(load_trace(trace), vocab_size=4000, seed=0, avoid=[MODEL["eos_token_id"]])
+        cfg = dict(cfg, requests=len(workload))
+    else:
+        workload = mixed_workload(cfg["requests"], vocab_size=4000, seed=0, **cfg["workload"])
     return cfg, shape, model, workload
+
+
+#: The environment variable that carries ``--trace`` to the parts' processes.
+TRACE_ENV = "SERVELAB_BENCH_TRACE"
 
 
 AMPLE_BLOCKS = {False: 8192, True: 512}  # blocks of 16: room for every seat at its longest
@@ -676,9 +688,14 @@ def main(argv=None):
                          "plus '+ local changes' when lib/ differs from it)")
     ap.add_argument("--base-rounds", type=int, default=None,
                     help="interleaved rounds of this engine and the one at BASE_COMMIT (default 2)")
+    ap.add_argument("--trace", default=None,
+                    help="take the workload from this JSONL trace (servelab.workload's format; arrivals unused: "
+                         "every request queued at t=0) instead of the log-normal/exponential mix")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.trace:
+        os.environ[TRACE_ENV] = str(Path(args.trace).resolve())  # the parts' processes inherit it
     if args.base_rounds:
         QUICK["base_rounds"] = FULL["base_rounds"] = args.base_rounds
     if args.part:
@@ -690,6 +707,9 @@ def main(argv=None):
     cfg, shape, _, workload = setup(args.quick)
     started = time.perf_counter()
     desc = workload_description(cfg["workload"])
+    if os.environ.get(TRACE_ENV):
+        desc = {"prompt": f"from the trace {Path(os.environ[TRACE_ENV]).name}",
+                "output": "from the same trace", "trace": os.environ[TRACE_ENV]}
     r = {"quick": args.quick, "machine": machine(), "model": shape, "requests": cfg["requests"],
          "seats": cfg["seats"], "jobs": max(args.jobs, 1), "code": args.code or code_version(),
          "workload": {**desc, "prompt_tokens": sum(len(w.prompt_token_ids) for w in workload),
@@ -743,7 +763,9 @@ def main(argv=None):
 def add_wave_model(r) -> dict:
     """Each seat-sweep row gets the capped, finite-wave model's prediction of the step ratio
     (:func:`servelab.engine.workload.static_over_continuous_steps`, as chapter 17 uses it)."""
-    w = r["workload"]["parameters"]
+    w = r["workload"].get("parameters")
+    if w is None:  # a trace's workload: no distribution to model the waves by
+        return r
     cap = w["output_cap"] / w["output_mean"]
     for row in r["seat_sweep"]:
         k = row["seats"]
@@ -754,6 +776,9 @@ def add_wave_model(r) -> dict:
 
 
 def report(r) -> str:
+    wp = r["workload"].get("parameters")
+    wave_cap = (f"{wp['output_cap'] / wp['output_mean']:.2f}" if wp else
+                "n/a: lengths from a trace, not modelled;")
     m, p, t, d = r["machine"], r["policies"], r["transformers"], r["decomposition"]
     k, b, x, em, vb = r["kv_memory"], r["batch_one"], r["prefix_lab"], r.get("equal_memory"), r["versus_base"]
     pub = r["published_static_vs_continuous"]
@@ -836,7 +861,7 @@ def report(r) -> str:
         "A static wave runs until its longest member is done. The step ratio is predicted by "
         "`servelab.engine.workload.static_over_continuous_steps` (the model chapter 17 uses): output "
         "lengths exponential and capped as this workload draws them (cap "
-        f"{r['workload']['parameters']['output_cap'] / r['workload']['parameters']['output_mean']:.2f} "
+        f"{wave_cap} "
         "means), so a wave lasts L, the expected longest of its members, at most the cap however many "
         "seats; with w waves static takes about w L mean lengths and continuous about w - 1 + L (every "
         "seat busy until the queue empties, then its last requests drain), a ratio of w L / (w - 1 + L), "
@@ -847,7 +872,8 @@ def report(r) -> str:
         "| seats | waves | L (capped longest / mean) | steps static / continuous: predicted | measured | "
         "continuous | static ragged | static padded | continuous / ragged | continuous / padded |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *[f"| {s['seats']} | {s['waves']} | {s['expected_longest_capped']} | {s['predicted_step_ratio']}x | "
+        *[f"| {s['seats']} | {s.get('waves', '-')} | {s.get('expected_longest_capped', '-')} | "
+          f"{s.get('predicted_step_ratio', '-')}x | "
           f"{s['step_ratio']}x | {s['continuous']['tokens_per_cpu_s']:,} | "
           f"{s['static_ragged']['tokens_per_cpu_s']:,} | {s['static_padded']['tokens_per_cpu_s']:,} | "
           f"{s['continuous_vs_static_ragged_cpu']}x | {s['continuous_vs_static_padded_cpu']}x |"

@@ -56,12 +56,43 @@ def test_synthetic_requests_and_trace(tmp_path):
     assert all(r.max_tokens == 3 and r.prompt_len == len(r.prompt) and max(r.prompt) < 50 for r in reqs)
     assert synthetic_requests(20, "uniform:4:8", "fixed:3", vocab_size=50, seed=1) == reqs
     path = tmp_path / "t.jsonl"
-    path.write_text('{"prompt": "hi", "max_tokens": 4, "timestamp": 0.5}\n\n{"prompt_len": 6, "output_len": 2}\n')
+    # the older field names still read: timestamp, prompt_len, max_tokens / output_len
+    path.write_text('{"prompt": "hi", "prompt_len": 1, "max_tokens": 4, "timestamp": 0.5}\n\n'
+                    '{"prompt_len": 6, "output_len": 2, "timestamp": 0.25}\n')
     t = load_trace(path)
-    assert t[0] == RequestSpec("hi", 4, None, 0.5) and len(t[1].prompt) == 6 and t[1].max_tokens == 2
-    path.write_text('{"prompt": "hi"}\n')
-    with pytest.raises(ValueError, match="max_tokens"):
-        load_trace(path)
+    assert t[1] == RequestSpec("hi", 4, 1, 0.5) and len(t[0].prompt) == 6 and t[0].max_tokens == 2
+    path.write_text('{"prompt": [5, 6, 7], "max_tokens": 4}\n{"prompt_len": 6, "output_len": 2}\n')
+    t = load_trace(path)  # untimed: sent at a rate
+    assert t[0] == RequestSpec([5, 6, 7], 4, 3, None) and t[1].arrival_s is None
+    for bad, match in (('{"prompt": "hi", "prompt_len": 2}', "output_tokens"), ('{"prompt": "hi", "max_tokens": 2}',
+                       "prompt_tokens"), ('{"prompt_len": 2, "max_tokens": 2, "timestamp": 1}\n{"prompt_len": 2, '
+                                          '"max_tokens": 2}', "arrival time")):
+        path.write_text(bad + "\n")
+        with pytest.raises(ValueError, match=match):
+            load_trace(path)
+
+
+def test_a_simulator_trace_drives_loadgen_and_a_recorded_run_replays(tmp_path):
+    """One trace format: the simulator's trace (with a shared-prefix group) becomes loadgen's
+    requests, and the trace a run sent reads back as the same requests."""
+    from servelab.workload import load_trace as load_sim_trace, save_trace, synthetic
+    tr = synthetic(12, 5.0, prompt=8, output=3, prefix_groups=1, prefix_tokens=16, prefix_share=0.5, seed=2)
+    path = save_trace(tr, tmp_path / "sim.jsonl")
+    reqs = load_trace(path, vocab_size=50)
+    assert [r.arrival_s for r in reqs] == pytest.approx(tr.arrival_s.tolist(), abs=1e-6)
+    assert [len(r.prompt) for r in reqs] == tr.prompt_tokens.tolist()
+    members = [r for r in reqs if r.prefix_group >= 0]
+    assert len(members) >= 2 and all(r.prompt[:16] == members[0].prompt[:16] for r in members)
+    # a run's summary as run_load writes it: send times, prompt lengths, tokens received
+    summary = {"requests": [{"index": i, "sent": 0.1 * i, "prompt_len": r.prompt_len, "output_tokens": 3,
+                             "error": None} for i, r in enumerate(reqs)]}
+    summary["requests"][3]["error"] = "HTTP 500"  # a failed request is left out
+    from servelab.loadgen import trace_of
+    rec = save_trace(trace_of(summary, reqs), tmp_path / "rec.jsonl")
+    back = load_sim_trace(rec)
+    assert len(back) == 11 and back.prefix_group.tolist() == [r.prefix_group for k, r in enumerate(reqs) if k != 3]
+    again = load_trace(rec, vocab_size=50)
+    assert [r.prompt for r in again] == [r.prompt for k, r in enumerate(reqs) if k != 3]
 
 
 def test_arrivals_rate_and_burstiness():

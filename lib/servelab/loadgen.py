@@ -15,7 +15,9 @@ token's arrival on the client:
 It speaks plain HTTP (server-sent events), so it measures vLLM, SGLang or a
 hosted API as readily as ``servelab.server``. Prompt and output lengths come
 from distributions (``fixed:128``, ``uniform:16:256``, ``lognormal:128:0.8``,
-``exponential:96``) or are replayed from a JSONL trace. Pure Python (its own
+``exponential:96``) or are replayed from a JSONL trace, both from
+:mod:`servelab.workload` (the simulator's format: a run can be recorded with
+``--record-trace`` and replayed by ``python -m servelab.sim check``). Python and numpy (its own
 lean HTTP/1.1 streaming client, or httpx); no torch.
 """
 from __future__ import annotations
@@ -29,13 +31,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
+
+from servelab import workload as _workload
+from servelab.workload import PERCENTILES, Trace, arrival_times, parse_length, percentiles, trace_prompts
 
 __all__ = ["SSEDecoder", "RawHTTPClient", "RequestSpec", "RequestRecord", "parse_length_dist", "synthetic_requests",
-           "load_trace", "arrival_times", "token_latencies", "summarize", "percentiles", "run_load",
+           "load_trace", "trace_of", "arrival_times", "token_latencies", "summarize", "percentiles", "run_load",
            "plot_results", "main", "PERCENTILES"]
-
-PERCENTILES = (50, 90, 95, 99)
 
 
 # ------------------------------------------------------------ server-sent events
@@ -125,45 +128,15 @@ class RequestSpec:
     max_tokens: int
     prompt_len: int | None = None
     arrival_s: float | None = None  # from a trace: seconds after the start
+    prefix_group: int = -1  # from a trace: the request's shared-prefix group (-1: none)
+    prefix_tokens: int = 0
 
 
 def parse_length_dist(spec: str | int):
     """``"fixed:N"`` / ``N``, ``"uniform:A:B"``, ``"lognormal:MEDIAN:SIGMA"``,
-    ``"exponential:MEAN"`` -> a function ``rng -> length >= 1``."""
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        spec = f"fixed:{spec}"
-    if not isinstance(spec, str):
-        raise TypeError(f"a length distribution is a string like 'fixed:128', got {spec!r}")
-    kind, *args = spec.split(":")
-    if kind.isdigit() and not args:
-        kind, args = "fixed", [kind]
-    try:
-        nums = [float(a) for a in args]
-    except ValueError:
-        raise ValueError(f"bad numbers in length distribution {spec!r}") from None
-    want = {"fixed": 1, "uniform": 2, "lognormal": 2, "exponential": 1}
-    if kind not in want:
-        raise ValueError(f"unknown length distribution {kind!r} in {spec!r}; use one of "
-                         f"fixed:N, uniform:A:B, lognormal:MEDIAN:SIGMA, exponential:MEAN")
-    if len(nums) != want[kind] or any(x <= 0 and not (kind == "lognormal" and i == 1 and x == 0)
-                                      for i, x in enumerate(nums)):
-        raise ValueError(f"{kind} needs {want[kind]} positive number(s), got {spec!r}")
-    if kind in ("fixed", "uniform") and any(x != int(x) for x in nums):
-        raise ValueError(f"{kind} lengths are token counts: give whole numbers >= 1, got {spec!r} "
-                         f"(for a mean that is not whole, use exponential:MEAN or lognormal:MEDIAN:SIGMA)")
-    if kind == "fixed":
-        n = int(nums[0])
-        return lambda rng: n
-    if kind == "uniform":
-        a, b = int(nums[0]), int(nums[1])
-        if b < a:
-            raise ValueError(f"uniform:A:B needs A <= B, got {spec!r}")
-        return lambda rng: rng.randint(a, b)
-    if kind == "lognormal":
-        med, sigma = nums
-        return lambda rng: max(1, int(round(rng.lognormvariate(math.log(med), sigma))))
-    mean = nums[0]
-    return lambda rng: max(1, int(round(rng.expovariate(1 / mean))))
+    ``"exponential:MEAN"`` -> a function ``rng -> length >= 1`` (``rng``: a
+    :class:`random.Random`): the :mod:`servelab.workload` distribution's ``draw``."""
+    return parse_length(spec).draw
 
 
 def synthetic_requests(n: int, input_len="fixed:32", output_len="fixed:32", *, vocab_size: int = 4000,
@@ -184,50 +157,42 @@ def synthetic_requests(n: int, input_len="fixed:32", output_len="fixed:32", *, v
 
 
 def load_trace(path: str | Path, *, vocab_size: int = 4000, seed: int = 0) -> list[RequestSpec]:
-    """Requests from a JSONL trace: one object per line with ``prompt`` (text or ids) or
-    ``prompt_len``; ``max_tokens`` or ``output_len``; optional ``timestamp`` (seconds)."""
-    rng = random.Random(seed)
+    """Requests from a JSONL trace in :mod:`servelab.workload`'s format (the simulator's:
+    ``arrival_s``, ``prompt_tokens``, ``output_tokens``, optional ``prefix_group`` /
+    ``prefix_tokens`` and ``prompt``; the older ``timestamp`` / ``prompt_len`` /
+    ``max_tokens`` names too). Prompts the trace does not give are random token ids, the
+    members of a prefix group sharing their leading ``prefix_tokens`` ids, as the
+    simulator's engine check makes them. An untimed trace's requests have no send time."""
+    trace = _workload.load_trace(path)
+    ids = trace_prompts(trace, vocab_size, seed)
+    given = trace.prompts or [None] * len(trace)
     out = []
-    with open(path) as f:
-        for k, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{k}: not JSON ({exc})") from None
-            prompt = row.get("prompt")
-            if prompt is None:
-                if "prompt_len" not in row:
-                    raise ValueError(f"{path}:{k}: needs 'prompt' or 'prompt_len'")
-                prompt = [rng.randrange(vocab_size) for _ in range(int(row["prompt_len"]))]
-            max_tokens = row.get("max_tokens", row.get("output_len"))
-            if not isinstance(max_tokens, int) or max_tokens < 1:
-                raise ValueError(f"{path}:{k}: needs 'max_tokens' (or 'output_len') >= 1, got {max_tokens!r}")
-            plen = len(prompt) if isinstance(prompt, list) else row.get("prompt_len")
-            out.append(RequestSpec(prompt, max_tokens, plen, row.get("timestamp")))
+    for i in range(len(trace)):
+        prompt = given[i] if given[i] is not None else ids[i]
+        out.append(RequestSpec(prompt, int(trace.output_tokens[i]), int(trace.prompt_tokens[i]),
+                               float(trace.arrival_s[i]) if trace.timed else None,
+                               int(trace.prefix_group[i]), int(trace.prefix_tokens[i])))
     return out
 
 
-def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
-    """Send times (s after the start) of ``n`` requests at ``rate`` per second on average.
-
-    Gaps are gamma-distributed with shape ``burstiness`` and mean ``1 / rate``:
-    ``burstiness = 1`` is a Poisson process; below 1 the requests come in bursts,
-    above 1 more evenly. ``rate = inf`` sends everything at once.
-    """
-    if not (isinstance(rate, (int, float)) and rate > 0):
-        raise ValueError(f"rate must be > 0 requests/s (inf = all at once), got {rate!r}")
-    if not (isinstance(burstiness, (int, float)) and burstiness > 0):
-        raise ValueError(f"burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
-    if math.isinf(rate):
-        return [0.0] * n
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
-    return out
+def trace_of(summary: dict, specs: Sequence[RequestSpec] | None = None) -> Trace:
+    """The trace a run actually sent, from :func:`run_load`'s summary: each request's send
+    time (``arrival_s``), prompt tokens, output tokens received and, given the ``specs``
+    it sent, their prefix groups and token-id prompts. Save it with
+    :func:`servelab.workload.save_trace` and ``python -m servelab.sim check --trace`` replays
+    it in the engine and the simulator (``--record-trace`` on the command line)."""
+    rows = [r for r in summary["requests"] if r.get("error") is None and r.get("prompt_len")]
+    if not rows:
+        raise ValueError("no completed request with a known prompt length to record")
+    by = {r["index"]: r for r in rows}
+    keep = sorted(by)
+    group = prefix = prompts = None
+    if specs is not None:
+        group = [specs[i].prefix_group for i in keep]
+        prefix = [specs[i].prefix_tokens for i in keep]
+        prompts = [specs[i].prompt if isinstance(specs[i].prompt, list) else None for i in keep]
+    return Trace([by[i]["sent"] for i in keep], [by[i]["prompt_len"] for i in keep],
+                 [max(by[i]["output_tokens"], 1) for i in keep], group, prefix, prompts)
 
 
 # -------------------------------------------------------------------- metrics
@@ -268,20 +233,6 @@ def token_latencies(sent: float, token_times: Sequence[float]) -> dict:
     tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else None
     return {"ttft": ttft, "tpot": tpot, "itl": [b - a for a, b in zip(times, times[1:])],
             "e2e": times[-1] - sent}
-
-
-def percentiles(values: Iterable[float], ps: Sequence[int] = PERCENTILES) -> dict:
-    xs = sorted(v for v in values if v is not None)
-    out = {"mean": (sum(xs) / len(xs)) if xs else None, "n": len(xs)}
-    for p in ps:
-        if not xs:
-            out[f"p{p}"] = None
-            continue
-        pos = (len(xs) - 1) * p / 100
-        lo = int(math.floor(pos))
-        hi = min(lo + 1, len(xs) - 1)
-        out[f"p{p}"] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-    return out
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, *, slo_ttft_s: float | None = None,
@@ -623,7 +574,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--input-len", default="fixed:32", help="fixed:N uniform:A:B lognormal:MED:SIGMA exponential:MEAN")
     p.add_argument("--output-len", default="fixed:32")
-    p.add_argument("--trace", default=None, help="JSONL trace to replay instead")
+    p.add_argument("--trace", default=None, help="JSONL trace to replay instead (servelab.workload's format)")
+    p.add_argument("--record-trace", default=None,
+                   help="write the trace actually sent (JSONL) here: `python -m servelab.sim check --trace` replays it")
     p.add_argument("--vocab-size", type=int, default=4000, help="for random token-id prompts")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--no-ignore-eos", action="store_true", help="let replies end early at the end token")
@@ -665,6 +618,8 @@ def main(argv=None) -> int:
                                    slo_ttft_s=ms(a.slo_ttft_ms), slo_tpot_s=ms(a.slo_tpot_ms),
                                    slo_e2e_s=ms(a.slo_e2e_ms), client=a.client))
     print(_fmt(summary))
+    if a.record_trace:
+        _workload.save_trace(trace_of(summary, reqs), a.record_trace)
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1, default=float))
     if a.plot:

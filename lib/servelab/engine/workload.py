@@ -9,47 +9,20 @@ longest member), so a fair benchmark has to include it:
 
 Token ids are random; with random-weight models the content does not matter,
 and ``ignore_eos`` makes every request produce exactly its drawn length.
+
+The request mix (:func:`mixed_workload`) and :func:`percentile` live in
+:mod:`servelab.workload` (re-exported here); this module keeps the arithmetic of
+static waves against continuous batching.
 """
 from __future__ import annotations
 
 import math
-import random
-from dataclasses import dataclass
+
+from servelab.workload import WorkloadRequest, mixed_workload, percentile  # one module for workloads
 
 __all__ = ["WorkloadRequest", "mixed_workload", "percentile", "expected_longest",
            "static_over_continuous_steps"]
 
-
-
-@dataclass(frozen=True)
-class WorkloadRequest:
-    prompt_token_ids: list[int]
-    max_tokens: int
-
-
-def mixed_workload(n: int, *, vocab_size: int, seed: int = 0, prompt_median: float = 128,
-                   prompt_sigma: float = 0.8, prompt_min: int = 8, prompt_max: int = 1024,
-                   output_mean: float = 96, output_cap: int = 512) -> list[WorkloadRequest]:
-    """``n`` requests with log-normal prompts and capped exponential outputs."""
-    if n < 0 or vocab_size <= 0:
-        raise ValueError(f"need n >= 0 and vocab_size > 0, got n={n}, vocab_size={vocab_size}")
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        p = int(min(max(rng.lognormvariate(math.log(prompt_median), prompt_sigma), prompt_min), prompt_max))
-        o = int(min(max(round(rng.expovariate(1 / output_mean)), 1), output_cap))
-        out.append(WorkloadRequest([rng.randrange(vocab_size) for _ in range(p)], o))
-    return out
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation (numpy's default)."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("percentile of an empty list")
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def expected_longest(n: int, cap: float | None = None) -> float:

@@ -43,7 +43,7 @@ from servelab.sim.metrics import SimResult
 from servelab.sim.replay import plan_shape, trace_prompts
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
-from servelab.sim.workload import Exponential, LogNormal, Trace, synthetic
+from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
@@ -72,8 +72,8 @@ class EngineRun:
 
     def percentiles(self) -> dict[str, float]:
         tp = self.tpot[np.isfinite(self.tpot)]
-        return {"ttft_p50": float(np.percentile(self.ttft, 50)), "ttft_p95": float(np.percentile(self.ttft, 95)),
-                "tpot_p50": float(np.percentile(tp, 50)), "tpot_p95": float(np.percentile(tp, 95))}
+        return {"ttft_p50": percentile(self.ttft, 50), "ttft_p95": percentile(self.ttft, 95),
+                "tpot_p50": percentile(tp, 50), "tpot_p95": percentile(tp, 95)}
 
     def to_dict(self) -> dict:
         r7 = 7  # seconds to 0.1 us: far below any step's noise, and a third of the file

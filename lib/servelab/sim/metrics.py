@@ -6,8 +6,8 @@
 * ITL - the inter-token gaps themselves (every decode step's duration, once per
   row it served), so a long prefill that stalls everyone shows in its tail.
 * E2E - arrival to last token.
-Percentiles use linear interpolation (numpy's default), as
-:func:`servelab.engine.workload.percentile` does.
+Percentiles are :func:`servelab.workload.percentile`'s (linear interpolation, numpy's
+default): the load generator's and the engine benchmark's too.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SimResult", "PERCENTILES", "weighted_percentile"]
+from servelab.workload import PERCENTILES, percentile
 
-PERCENTILES = (50, 90, 95, 99)
+__all__ = ["SimResult", "PERCENTILES", "weighted_percentile"]
 
 
 def weighted_percentile(values, weights, q: float) -> float:
@@ -113,7 +113,8 @@ class SimResult:
         values = values[np.isfinite(values)]
         if values.size == 0:
             return {q: float("nan") for q in qs}
-        return {q: float(np.percentile(values, q)) for q in qs}
+        values = np.sort(values)
+        return {q: percentile(values, q) for q in qs}
 
     def summary(self, qs=PERCENTILES) -> dict:
         out = {f"{m}_p{q}": v for m in ("ttft", "tpot", "itl", "e2e") for q, v in self.percentiles(m, qs).items()}

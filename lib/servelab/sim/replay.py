@@ -18,26 +18,9 @@ import math
 import numpy as np
 
 from servelab.sim.step_model import StepModel, StepShape, chunk_pairs
-from servelab.sim.workload import Trace
+from servelab.workload import Trace, trace_prompts  # noqa: F401 (trace_prompts: re-exported)
 
 __all__ = ["trace_prompts", "plan_shape", "replay_scheduler"]
-
-
-def trace_prompts(trace: Trace, vocab_size: int, seed: int = 0, avoid=()) -> list[list[int]]:
-    """Token ids per request: a group's members share their leading ``prefix_tokens``."""
-    rng = np.random.default_rng(seed)
-    avoid = set(int(a) for a in avoid)
-    pool = np.array([t for t in range(vocab_size) if t not in avoid])
-    longest: dict[int, int] = {}
-    for g, p in zip(trace.prefix_group.tolist(), trace.prefix_tokens.tolist()):
-        if g >= 0:
-            longest[g] = max(longest.get(g, 0), p)
-    prefix = {g: rng.choice(pool, size=m).tolist() for g, m in sorted(longest.items())}
-    out = []
-    for g, p, n in zip(trace.prefix_group.tolist(), trace.prefix_tokens.tolist(), trace.prompt_tokens.tolist()):
-        head = prefix[g][:p] if g >= 0 else []
-        out.append(head + rng.choice(pool, size=n - len(head)).tolist())
-    return out
 
 
 def plan_shape(plan) -> StepShape:
