@@ -24,16 +24,15 @@ are assigned in merge order (bytes are 0..255, the first merge is 256, ...), so 
 same text, size and pattern always give the same merges.
 
 This module is the runtime tokenizer (encode, decode, its own file format,
-tiktoken interchange, the course tokenizer and chat template). Training lives
-in :mod:`servelab.bpe_train` and Hugging Face ``tokenizer.json`` in and out in
-:mod:`servelab.bpe_hf`; :meth:`Tokenizer.train`, :meth:`Tokenizer.from_huggingface`
-and the old names (``bpe.train_naive``, ``bpe.build_course_tokenizer``) still work.
+tiktoken interchange, the course tokenizer and chat template). The building
+blocks live in :mod:`servelab.bpe_blocks`, training in :mod:`servelab.bpe_train`
+and Hugging Face ``tokenizer.json`` in and out in :mod:`servelab.bpe_hf`; none of
+them imports this module, and their names are importable from here.
 """
 
 from __future__ import annotations
 
 import base64
-import heapq
 import json
 from collections import Counter
 from functools import lru_cache
@@ -41,6 +40,14 @@ from pathlib import Path
 from typing import Collection, Iterable, Literal, Sequence
 
 import regex
+
+from servelab import bpe_hf
+from servelab.bpe_blocks import (  # noqa: F401  (re-exported: the building blocks live there)
+    GPT2_PATTERN, GPT4_PATTERN, _bpe_long, _bpe_scan, _fix_surrogates, _read_json, _special_split_regex,
+    bpe_encode_chunk, bytes_to_unicode, count_pairs, merge_pair,
+)
+from servelab.bpe_hf import _hf_pattern, _onig_pattern  # noqa: F401  (re-exported)
+from servelab.bpe_train import train_naive, train_ranks  # noqa: F401  (re-exported)
 
 __all__ = [
     "GPT2_PATTERN",
@@ -58,15 +65,6 @@ __all__ = [
     "bytes_to_unicode",
 ]
 
-#: GPT-2's pre-split pattern, in the faster but equivalent form tiktoken ships for ``gpt2``/``r50k_base``.
-#: Source: https://github.com/openai/tiktoken/blob/main/tiktoken_ext/openai_public.py
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-
-#: GPT-4's (``cl100k_base``) pre-split pattern: case-insensitive contractions, at most three
-#: digits per chunk, newlines kept apart from other whitespace. Same source as above.
-GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
-                r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
-
 #: The course tokenizer's special tokens: ``<|endoftext|>`` separates documents; a chat is
 #: ``<|system|>``/``<|user|>``/``<|assistant|>`` turns, each closed by ``<|end|>`` (see ``render_chat``).
 COURSE_SPECIAL_TOKENS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -80,134 +78,6 @@ _CACHE_LIMIT = 200_000  # encode-cache entries before it is cleared
 
 class DisallowedSpecialTokenError(ValueError):
     """Text contains a special token's text, but that special token was not allowed."""
-
-
-# ---------------------------------------------------------------------------
-# Small pure functions: the building blocks (also what exercise 2 asks for)
-# ---------------------------------------------------------------------------
-
-def count_pairs(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
-    """Count adjacent pairs in ``ids`` (adding ``weight`` each) into ``counts``; return it.
-
-    >>> count_pairs([1, 1, 1, 1])
-    {(1, 1): 3}
-    """
-    counts = {} if counts is None else counts
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts.get(pair, 0) + weight
-    return counts
-
-
-def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace every non-overlapping occurrence of ``pair`` in ``ids``, left to right, by ``new_id``.
-
-    >>> merge_pair([1, 1, 1, 1, 1], (1, 1), 9)
-    [9, 9, 1]
-    """
-    a, b = pair
-    out: list[int] = []
-    i, n = 0, len(ids)
-    while i < n:
-        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
-
-
-def bpe_encode_chunk(chunk: bytes, ranks: dict[bytes, int]) -> list[bytes]:
-    """Split one pre-split chunk into token byte strings with tiktoken's rule.
-
-    Repeatedly merge the adjacent pair whose concatenation has the lowest rank (leftmost
-    on ties) until no adjacent pair is in ``ranks``. Returns the parts, not their ids.
-    """
-    parts = [chunk[i:i + 1] for i in range(len(chunk))]
-    if len(parts) > 64:
-        return _bpe_long(parts, ranks)
-    return _bpe_scan(parts, ranks)
-
-
-def _bpe_scan(parts: list[bytes], ranks) -> list[bytes]:
-    """The plain quadratic scan: fastest for the short chunks real text is made of."""
-    get = ranks.get
-    while len(parts) > 1:
-        best_rank = None
-        best_i = -1
-        for i in range(len(parts) - 1):
-            r = get(parts[i] + parts[i + 1])
-            if r is not None and (best_rank is None or r < best_rank):
-                best_rank, best_i = r, i
-        if best_rank is None:
-            break
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    return parts
-
-
-def _bpe_long(parts: list[bytes], ranks: dict[bytes, int]) -> list[bytes]:
-    """The same rule as ``bpe_encode_chunk`` in O(n log n) for long chunks (a heap over a linked list).
-
-    Heap keys are ``(rank, start offset)``: the lowest rank first and, on ties, the leftmost
-    pair, exactly as the quadratic scan chooses. Stale entries are skipped when popped.
-    """
-    n = len(parts)
-    nxt = list(range(1, n + 1))
-    prv = list(range(-1, n - 1))
-    alive = [True] * n
-    heap = []
-    get = ranks.get
-    for i in range(n - 1):
-        r = get(parts[i] + parts[i + 1])
-        if r is not None:
-            heap.append((r, i, parts[i], parts[i + 1]))
-    heapq.heapify(heap)
-    while heap:
-        r, i, left, right = heapq.heappop(heap)
-        j = nxt[i] if alive[i] else n
-        if not alive[i] or j >= n or parts[i] is not left or parts[j] is not right:
-            continue  # stale: one side has changed since this entry was pushed
-        merged = left + right
-        parts[i] = merged
-        alive[j] = False
-        nxt[i] = nxt[j]
-        if nxt[j] < n:
-            prv[nxt[j]] = i
-        p = prv[i]
-        if p >= 0:
-            rp = get(parts[p] + merged)
-            if rp is not None:
-                heapq.heappush(heap, (rp, p, parts[p], merged))
-        q = nxt[i]
-        if q < n:
-            rq = get(merged + parts[q])
-            if rq is not None:
-                heapq.heappush(heap, (rq, i, merged, parts[q]))
-    return [parts[i] for i in range(n) if alive[i]]
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters.
-
-    Hugging Face byte-level ``tokenizer.json`` files spell every token in these characters
-    (a space is ``Ġ``, a newline ``Ċ``). Source: openai/gpt-2 ``encoder.py``.
-    """
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-def _special_split_regex(specials: Iterable[str]):
-    # Longest first, so that a special token that is a prefix of another never wins by accident.
-    ordered = sorted(specials, key=lambda s: (-len(s), s))
-    return regex.compile("|".join(regex.escape(s) for s in ordered))
 
 
 # ---------------------------------------------------------------------------
@@ -443,8 +313,6 @@ class Tokenizer:
         ``progress=None`` shows a progress bar only for inputs over 2 MB.
         The trainer is :func:`servelab.bpe_train.train_ranks`.
         """
-        from servelab.bpe_train import train_ranks  # training is not needed to encode
-
         ranks, specials, merges = train_ranks(text, vocab_size, pattern, special_tokens, progress)
         return cls(ranks, pattern, specials, merges=merges, name=name)
 
@@ -476,16 +344,12 @@ class Tokenizer:
                          label: str | None = None) -> "Tokenizer":
         """Load a Hugging Face byte-level BPE ``tokenizer.json`` (a path or the parsed dict):
         :func:`servelab.bpe_hf.from_huggingface`."""
-        from servelab.bpe_hf import from_huggingface
-
-        return from_huggingface(source, name, label=label)
+        return cls(**bpe_hf.from_huggingface(source, name, label=label))
 
     def to_huggingface(self) -> dict:
         """A Hugging Face ``tokenizer.json`` (as a dict) that encodes like this tokenizer:
         :func:`servelab.bpe_hf.to_huggingface`."""
-        from servelab.bpe_hf import to_huggingface
-
-        return to_huggingface(self)
+        return bpe_hf.to_huggingface(self)
 
     # -- own file format -------------------------------------------------------
 
@@ -604,23 +468,7 @@ class _RankLimit:
         return r if r is not None and r < self.limit else default
 
 
-def _fix_surrogates(text: str) -> str:
-    # tiktoken does the same: lone surrogates cannot be UTF-8, so they become U+FFFD.
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
-
-def _read_json(path) -> object:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"tokenizer file {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); the file is corrupt or not a tokenizer file") from None
 
 
 # ---------------------------------------------------------------------------
@@ -662,18 +510,25 @@ def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True) ->
     return "".join(out)
 
 
-_MOVED = {"train_naive": "bpe_train", "train_ranks": "bpe_train", "build_course_tokenizer": "bpe_train",
-          "_count_chunks": "bpe_train", "_train_incremental": "bpe_train",
-          "_onig_pattern": "bpe_hf", "_hf_pattern": "bpe_hf"}
+def build_course_tokenizer(out_dir: str | Path | None = None, progress: bool = True) -> Tokenizer:
+    """Retrain the course tokenizer on the corpus's training split and write it to ``data/tokenizer/``.
 
+    Writes ``servelab-bpe-4k.json`` (this library's format) and ``tokenizer.json`` (the same
+    tokenizer for Hugging Face ``tokenizers``). Training is deterministic: a rebuild gives the
+    same files.
+    """
+    from servelab import corpus
 
-def __getattr__(name):  # training and Hugging Face helpers live in their own modules, which import this one
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servelab.bpe' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"servelab.{module}"), name)
+    out_dir = Path(out_dir) if out_dir is not None else COURSE_TOKENIZER_PATH.parent
+    text = corpus.load_text("train")
+    tok = Tokenizer.train(text, COURSE_VOCAB_SIZE, GPT4_PATTERN, COURSE_SPECIAL_TOKENS, progress=progress,
+                          name="servelab-bpe-4k")
+    tok.save(out_dir / COURSE_TOKENIZER_PATH.name)
+    with open(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(tok.to_huggingface(), f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    _course_tokenizer.cache_clear()
+    return tok
 
 
 if __name__ == "__main__":
@@ -682,6 +537,4 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["build-course"]:
         print("usage: python -m servelab.bpe build-course   # retrain data/tokenizer/ from the corpus")
         raise SystemExit(2)
-    from servelab.bpe_train import build_course_tokenizer
-
     print(build_course_tokenizer())

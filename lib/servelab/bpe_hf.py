@@ -3,8 +3,9 @@
 :func:`from_huggingface` reads a byte-level BPE ``tokenizer.json`` (GPT-2's
 ``ByteLevel`` split or a ``Split`` regex, byte-level vocab and merges);
 :func:`to_huggingface` writes one that encodes like the course tokenizer
-(``ignore_merges=True``, as tiktoken). :meth:`Tokenizer.from_huggingface`,
-:meth:`Tokenizer.to_huggingface` and :meth:`Tokenizer.load` call these.
+(``ignore_merges=True``, as tiktoken). :meth:`servelab.bpe.Tokenizer.from_huggingface`,
+``to_huggingface`` and ``load`` call these; this module never imports the tokenizer
+(:func:`from_huggingface` returns its constructor's arguments).
 """
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from pathlib import Path
 
 import regex
 
-from servelab.bpe import GPT2_PATTERN, Tokenizer, _read_json, bytes_to_unicode
+from servelab.bpe_blocks import GPT2_PATTERN, _read_json, bytes_to_unicode
 
 __all__ = ["from_huggingface", "to_huggingface"]
 
 
-def from_huggingface(source: str | Path | dict, name: str | None = None, *, label: str | None = None) -> Tokenizer:
+def from_huggingface(source: str | Path | dict, name: str | None = None, *, label: str | None = None) -> dict:
     """Load a Hugging Face byte-level BPE ``tokenizer.json`` (a path or the parsed dict).
 
     Supported: ``model.type == "BPE"`` with byte-level vocab and merges, a ``ByteLevel``
@@ -63,11 +64,12 @@ def from_huggingface(source: str | Path | dict, name: str | None = None, *, labe
             specials[added["content"]] = int(added["id"])
             decode_only.pop(int(added["id"]), None)
     ignore_merges = bool(model.get("ignore_merges", False))
-    return Tokenizer(mergeable, pattern, specials, merges=merges, priorities=priorities, decode_only=decode_only,
-               whole_chunk_lookup=ignore_merges, name=name or Path(label).stem)
+    return {"mergeable_ranks": mergeable, "pattern": pattern, "special_tokens": specials, "merges": merges,
+            "priorities": priorities, "decode_only": decode_only, "whole_chunk_lookup": ignore_merges,
+            "name": name or Path(label).stem}
 
 
-def to_huggingface(tok: Tokenizer) -> dict:
+def to_huggingface(tok) -> dict:
     """A Hugging Face ``tokenizer.json`` (as a dict) that encodes like this tokenizer.
 
     Uses a ``Split`` pre-tokenizer with this pattern, byte-level vocab and merges, and

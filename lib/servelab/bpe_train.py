@@ -4,27 +4,20 @@
 counts kept up to date after each merge by touching only the chunks that hold
 the merged pair, and a heap with lazy deletion to find the best pair.
 :func:`train_naive` recounts every pair after every merge (slow; the tests
-check both give the same merges). :func:`build_course_tokenizer` retrains
-``data/tokenizer/`` from the corpus (``python -m servelab.bpe build-course``).
-Tie rule: highest count, then smallest ``(left_id, right_id)``. The runtime
+check both give the same merges). Tie rule: highest count, then smallest ``(left_id, right_id)``. The runtime
 tokenizer lives in :mod:`servelab.bpe`, which re-exports these names.
 """
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import regex
 
-from servelab.bpe import (
-    COURSE_SPECIAL_TOKENS, COURSE_TOKENIZER_PATH, COURSE_VOCAB_SIZE, GPT4_PATTERN, Tokenizer, _course_tokenizer,
-    _fix_surrogates, _special_split_regex, count_pairs, merge_pair,
-)
+from servelab.bpe_blocks import GPT4_PATTERN, _fix_surrogates, _special_split_regex, count_pairs, merge_pair
 
-__all__ = ["train_ranks", "train_naive", "build_course_tokenizer"]
+__all__ = ["train_ranks", "train_naive"]
 
 
 def train_ranks(text: str | Iterable[str], vocab_size: int, pattern: str = GPT4_PATTERN,
@@ -164,24 +157,3 @@ def train_naive(text: str, vocab_size: int, pattern: str = GPT4_PATTERN, special
         merges.append((a, b))
         words = [merge_pair(w, (a, b), new_id) for w in words]
     return merges
-
-
-def build_course_tokenizer(out_dir: str | Path | None = None, progress: bool = True) -> Tokenizer:
-    """Retrain the course tokenizer on the corpus's training split and write it to ``data/tokenizer/``.
-
-    Writes ``servelab-bpe-4k.json`` (this library's format) and ``tokenizer.json`` (the same
-    tokenizer for Hugging Face ``tokenizers``). Training is deterministic: a rebuild gives the
-    same files.
-    """
-    from servelab import corpus
-
-    out_dir = Path(out_dir) if out_dir is not None else COURSE_TOKENIZER_PATH.parent
-    text = corpus.load_text("train")
-    tok = Tokenizer.train(text, COURSE_VOCAB_SIZE, GPT4_PATTERN, COURSE_SPECIAL_TOKENS, progress=progress,
-                          name="servelab-bpe-4k")
-    tok.save(out_dir / COURSE_TOKENIZER_PATH.name)
-    with open(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
-        json.dump(tok.to_huggingface(), f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    _course_tokenizer.cache_clear()
-    return tok
