@@ -21,7 +21,8 @@ _mutant = SolutionMutants(EX).functions
 
 def test_the_solution_scores_every_question():
     fns = solution_functions(EX)
-    for qid, name in (("q1", "int4_roundtrip"), ("q2", "bits_per_weight"), ("q3", "step_time_ms")):
+    for qid, name in (("q1", "int4_roundtrip"), ("q2", "bits_per_weight"), ("q3", "step_time_ms"),
+                      ("q4", "choose_formats")):
         assert_keeps(EX, qid, fns[name])
 
 
@@ -73,6 +74,24 @@ def test_q3_mutants(old, new, why):
     assert_loses(EX, "q3", fns["step_time_ms"], why)
     assert_keeps(EX, "q2", fns["bits_per_weight"])
 
+
+
+@pytest.mark.parametrize("old,new,why", [
+    ("values_per_token = 2 * layers", "values_per_token = layers", "a key but no value per KV head"),
+    ("return element_bits + (scale_bits / group if group else 0)", "return element_bits",
+     "formats without their scales"),
+    ("loss = w[3] + kv[3] ", "loss = max(w[3], kv[3]) ", "the larger loss instead of the sum"),
+    ("choice = (loss, used, w_name, kv_name)", "choice = (used, loss, w_name, kv_name)",
+     "the smallest footprint instead of the least loss"),
+    ("if best is None or choice < best:", "if best is None or choice[0] < best[0]:",
+     "a tie goes to whichever pair came first"),
+    ("used = params * bits(w) / 8 + seats * context", "used = params * bits(w) / 8 + context",
+     "one seat's cache instead of every seat's"),
+])
+def test_q4_mutants(old, new, why):
+    fns = _mutant(old, new)
+    assert_loses(EX, "q4", fns["choose_formats"], why)
+    assert_keeps(EX, "q2", fns["bits_per_weight"])
 
 def test_reference_matches_the_library_when_scales_are_exact_in_bf16():
     # groups whose max |w| is 7 x a power of two: the scale is a power of two, exact in bf16

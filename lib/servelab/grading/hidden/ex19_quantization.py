@@ -1,5 +1,6 @@
-"""Exercise 19 · Quantization: group-wise int4 round trip, bits per weight with scales, and the
-step time of a memory-bound model at a new precision. Hidden tests.
+"""Exercise 19 · Quantization: group-wise int4 round trip, bits per weight with scales, the
+step time of a memory-bound model at a new precision, and the weight and KV formats to pick for
+a memory and quality target. Hidden tests.
 
 Q2's and Q3's expected values come from :mod:`servelab.quant` (``bits_per_weight`` of the
 library's formats, ``memory_bound_step_seconds``). Q1's come from the float64 reference
@@ -112,5 +113,72 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+
+# --------------------------------------------------------------------------- Q4
+
+def _choose_formats(model, weight_formats, kv_formats, card_bytes, seats, context):
+    """Reference: every (weight, KV) pair that fits weights plus every seat's cache on the card;
+    the least summed loss, then the fewest bytes, then the names."""
+    sizes = (model["params"], model["num_layers"], model["num_kv_heads"], model["head_dim"])
+    if min(sizes) <= 0 or card_bytes <= 0 or seats < 1 or context < 1:
+        raise ValueError("sizes, the card, the seats and the context must be positive")
+
+    def bits(fmt):                       # a value's bits, its share of the scale included
+        element_bits, group, scale_bits, _ = fmt
+        if element_bits <= 0 or group < 0:
+            raise ValueError(f"not a format: {fmt}")
+        return element_bits + (scale_bits / group if group else 0)
+
+    params, layers, kv_heads, head_dim = sizes
+    values_per_token = 2 * layers * kv_heads * head_dim     # a key and a value per KV head, every layer
+    best = None
+    for w_name, w in weight_formats.items():
+        for kv_name, kv in kv_formats.items():
+            used = params * bits(w) / 8 + seats * context * values_per_token * bits(kv) / 8
+            if used > card_bytes:
+                continue
+            loss = w[3] + kv[3]                              # the two losses add
+            choice = (loss, used, w_name, kv_name)           # least loss, then fewest bytes
+            if best is None or choice < best:
+                best = choice
+    return None if best is None else (best[2], best[3])
+
+
+# (element bits, values per scale (0: none), scale bits, quality loss): stated inputs, not measurements
+_W = {"bf16": (16, 0, 0, 0.0), "fp8": (8, 0, 0, 0.25), "int4-g128": (4, 128, 16, 1.5),
+      "nvfp4": (4, 16, 8, 1.0), "mxfp4": (4, 32, 8, 2.0)}
+_K = {"bf16": (16, 0, 0, 0.0), "fp8": (8, 0, 0, 0.25), "int4-g128": (4, 128, 16, 1.25)}
+_70B = {"params": 70.6e9, "num_layers": 80, "num_kv_heads": 8, "head_dim": 128}
+_8B = {"params": 8.03e9, "num_layers": 32, "num_kv_heads": 8, "head_dim": 128}
+
+
+def _c4(model, card, seats, context, label, weights=_W, kv=_K):
+    return Case(args=(model, weights, kv, card, seats, context),
+                expected=_choose_formats(model, weights, kv, card, seats, context), label=label)
+
+
+Q4 = Question(
+    id="q4", title="Pick the formats: the best quality that fits", function="choose_formats",
+    points=5, level="hard", minutes=20,
+    visible=[_c4(_70B, 75e9, 16, 8192, "a 70B model, 16 seats of 8,192 tokens, 75 GB")],
+    hidden=[
+        _c4(_70B, 40e9, 1, 8192, "70B, one seat, 40 GB"),
+        _c4(_70B, 40e9, 4, 8192, "70B, 4 seats, 40 GB"),
+        _c4(_70B, 75e9, 4, 8192, "70B, 4 seats, 75 GB"),
+        _c4(_70B, 75e9, 1, 8192, "70B, one seat, 75 GB"),
+        _c4(_70B, 141e9, 32, 8192, "70B, 32 seats, 141 GB"),
+        _c4(_70B, 180e9, 16, 8192, "70B, 16 seats, 180 GB: two pairs lose the same, the smaller wins"),
+        _c4(_70B, 75e9, 64, 8192, "70B, 64 seats, 75 GB: nothing fits (None)"),
+        _c4(_8B, 40e9, 32, 8192, "8B, 32 seats, 40 GB"),
+        _c4(_8B, 40e9, 128, 8192, "8B, 128 seats, 40 GB"),
+        _c4(_8B, 75e9, 256, 8192, "8B, 256 seats, 75 GB"),
+        _c4(_8B, 180e9, 8, 8192, "8B, 8 seats, 180 GB: no need to quantize"),
+        Case(args=(_8B, _W, _K, 75e9, 0, 8192), raises=ValueError, label="no seats"),
+        Case(args=(_8B, _W, _K, 75e9, 8, 0), raises=ValueError, label="no context"),
+        Case(args=(dict(_8B, params=0), _W, _K, 75e9, 8, 8192), raises=ValueError, label="no parameters"),
+        Case(args=(_8B, _W, _K, 0, 8, 8192), raises=ValueError, label="a card with no memory"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
 assert math.isclose(Q3.visible[0].expected, 8.03e9 * 2 / 3350e9 * 1e3)
