@@ -7,24 +7,24 @@ arithmetic units. Writing one token for one person reads every weight once and
 does about 2 operations per weight, far below the ridge of any modern chip, so
 serving batches many people into one read of the weights.
 
-This module has two halves:
+Two halves:
 
-* pure calculators (no torch): intensity, ridge, balance batch, the step-time
-  model (weights read + every seat's KV read + a fixed overhead), throughput per
-  person and per replica, the lone-request ceiling, people per replica, and a
-  roofline plot helper;
-* :func:`measure` (torch imported inside): memory bandwidth, matmul rates and a
-  decode-step sweep on the reader's own machine, with one thread. Also
-  ``python -m servelab.roofline``. It lives in :mod:`servelab.roofline_measure`;
-  its names are importable from here.
+* this module, pure calculators (no torch): intensity, ridge, balance batch, the
+  step-time model (weights read + every seat's KV read + a fixed overhead),
+  throughput per person and per replica, the lone-request ceiling, people per
+  replica;
+* :mod:`servelab.roofline_measure`, the measuring harness: :func:`measure`
+  (torch imported inside) times memory bandwidth, matmul rates and a decode-step
+  sweep on the reader's own machine, with one thread, and :func:`plot_roofline`
+  draws a roofline. Also ``python -m servelab.roofline``. Its names are
+  importable from here; it never imports this module.
 
 Units: bytes, seconds, operations per second; decimal GB/TB as vendors quote.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from servelab._checks import check_count as _check_count
 from servelab._checks import check_fraction as _check_fraction
@@ -35,7 +35,7 @@ from servelab import sources as _sources
 from servelab.roofline_measure import (  # noqa: F401  (the measuring half, re-exported)
     CLOCKS, LARGE_BATCHES, QUICK_BATCHES, STATISTICS, SWEEP_MODELS, MeasureResult, bf16_units,
     build_sweep_model, check_device, machine_info, main, measure, measure_bandwidth, measure_decode,
-    measure_matmul, recorded_bf16_units,
+    measure_matmul, plot_roofline, recorded_bf16_units,
 )
 from servelab.timing import time_call  # noqa: F401  (the one timer)
 
@@ -461,46 +461,6 @@ def request_stages(replica: Replica, prompt_tokens: int, reply_tokens: int, batc
                          reply_tokens=reply_tokens, batch=batch, prefill_s=prefill_s,
                          first_step_s=steps[0] if steps else 0.0,
                          last_step_s=steps[-1] if steps else 0.0, decode_s=sum(steps))
-
-
-# ---------------------------------------------------------------------------
-# Plotting
-# ---------------------------------------------------------------------------
-
-def plot_roofline(peak_ops: float, bandwidth: float, points: Iterable[tuple[float, float, str]] = (),
-                  ax=None, label: str = "roofline", intensity_range: tuple[float, float] | None = None,
-                  title: str | None = None, color: str = "black"):
-    """Draw a roofline (log-log) and optional measured/model points on it.
-
-    ``points`` are ``(intensity ops/byte, achieved ops/s, label)``. Returns the
-    matplotlib Axes; matplotlib is imported here, not at module import.
-    """
-    import matplotlib.pyplot as plt  # only when drawing
-    import numpy as np
-
-    _check_positive("peak_ops", peak_ops)
-    _check_positive("bandwidth", bandwidth)
-    points = list(points)
-    ridge = peak_ops / bandwidth
-    lo, hi = intensity_range or (min([0.25, ridge / 100] + [p[0] / 2 for p in points]),
-                                 max([ridge * 20] + [p[0] * 2 for p in points]))
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.2))
-    x = np.logspace(math.log10(lo), math.log10(hi), 200)
-    ax.loglog(x, np.minimum(peak_ops, x * bandwidth), color=color, lw=2, label=label)
-    ax.axvline(ridge, color=color, ls=":", lw=1)
-    ax.annotate(f"ridge {ridge:,.0f} ops/B", (ridge, peak_ops), textcoords="offset points",
-                xytext=(5, -14), fontsize=8, color=color)
-    markers = "osD^v<>ph*"
-    for i, (intensity, achieved, text) in enumerate(points):
-        ax.loglog([intensity], [achieved], markers[i % len(markers)], label=text)
-    ax.set_xlabel("arithmetic intensity (operations per byte)")
-    ax.set_ylabel("operations per second")
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(True, which="major", alpha=0.3)
-    return ax
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,7 @@ machine at all): :func:`measure` times a large copy and a matrix-vector
 product (bandwidth), square matrix products (the arithmetic peak) and one
 decode step of a random-weight decoder at each batch size, on one thread by
 default, and returns a :class:`MeasureResult` that tabulates, plots and saves
-them. Every call is timed by :func:`servelab.timing.time_call`. Torch is
+them; :func:`plot_roofline` draws a roofline with points on it. Every call is timed by :func:`servelab.timing.time_call`. Torch is
 imported inside the functions that measure. Every name is also importable
 from :mod:`servelab.roofline`; ``python -m servelab.roofline`` runs :func:`main`.
 """
@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from servelab._checks import check_count as _check_count
+from servelab._checks import check_positive as _check_positive
 from servelab._checks import check_tokens as _check_tokens
 from servelab.timing import CLOCKS, STATISTICS, check_device, time_call
 
 __all__ = [
     "measure", "MeasureResult", "measure_bandwidth", "measure_matmul", "measure_decode",
     "build_sweep_model", "machine_info", "SWEEP_MODELS", "bf16_units", "recorded_bf16_units",
-    "QUICK_BATCHES", "LARGE_BATCHES", "STATISTICS", "CLOCKS", "check_device", "main",
+    "QUICK_BATCHES", "LARGE_BATCHES", "STATISTICS", "CLOCKS", "check_device", "main", "plot_roofline",
 ]
 
 
@@ -145,8 +146,6 @@ class MeasureResult:
 
     def plot(self, ax=None, title: str | None = None):
         """This machine's roofline (fp32 and bf16 peaks, matrix-vector bandwidth) with decode points."""
-        from servelab.roofline import plot_roofline  # the calculators' module imports this one
-
         bw = self.matvec_bandwidth
         ax = plot_roofline(self.peak_ops("bf16"), bw, ax=ax, label="bf16 matmul peak", color="tab:red",
                            intensity_range=(0.2, 2000))
@@ -208,6 +207,44 @@ def recorded_bf16_units(machine: Mapping[str, Any]) -> str:
     if "amd" in str(machine.get("cpu", "")).lower():
         return "no AMX tiles (an AMD CPU)"
     return "not recorded"
+
+
+def plot_roofline(peak_ops: float, bandwidth: float, points: Iterable[tuple[float, float, str]] = (),
+                  ax=None, label: str = "roofline", intensity_range: tuple[float, float] | None = None,
+                  title: str | None = None, color: str = "black"):
+    """Draw a roofline (log-log) and optional measured/model points on it.
+
+    ``points`` are ``(intensity ops/byte, achieved ops/s, label)``. Returns the
+    matplotlib Axes; matplotlib is imported here, not at module import.
+    """
+    import matplotlib.pyplot as plt  # only when drawing
+    import numpy as np
+
+    _check_positive("peak_ops", peak_ops)
+    _check_positive("bandwidth", bandwidth)
+    points = list(points)
+    ridge = peak_ops / bandwidth
+    lo, hi = intensity_range or (min([0.25, ridge / 100] + [p[0] / 2 for p in points]),
+                                 max([ridge * 20] + [p[0] * 2 for p in points]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4.2))
+    x = np.logspace(math.log10(lo), math.log10(hi), 200)
+    ax.loglog(x, np.minimum(peak_ops, x * bandwidth), color=color, lw=2, label=label)
+    ax.axvline(ridge, color=color, ls=":", lw=1)
+    ax.annotate(f"ridge {ridge:,.0f} ops/B", (ridge, peak_ops), textcoords="offset points",
+                xytext=(5, -14), fontsize=8, color=color)
+    markers = "osD^v<>ph*"
+    for i, (intensity, achieved, text) in enumerate(points):
+        ax.loglog([intensity], [achieved], markers[i % len(markers)], label=text)
+    ax.set_xlabel("arithmetic intensity (operations per byte)")
+    ax.set_ylabel("operations per second")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="major", alpha=0.3)
+    return ax
+
+
 
 
 def _row(kind: str, name: str, dtype: str, seconds: float, nbytes: float = 0.0, ops: float = 0.0,
