@@ -1,20 +1,23 @@
 """Command line for the simulator.
 
-    python -m servelab.sim check --trace FILE.jsonl [--model DIR]
-        serve the trace with the real engine and with the calibrated simulator;
-        print measured vs predicted TTFT and TPOT p50/p95, then "worst error: X%".
-        The engine's steps are timed by their CPU time on a virtual clock (``--clock wall``:
-        in real time, a busy machine's stalls included).
-    python -m servelab.sim calibrate [--model DIR] [--out data/sim/step_model.json] [--quick]
-        refit the step model on this machine (a probe burst, a profile of prompt steps at the
-        chunk sizes, then the fit workloads) and save it.
+    python -m servelab.sim check --trace FILE.jsonl [--model DIR] [--repeats 2]
+        serve the trace with the real engine (``--repeats`` times: the engine's own spread)
+        and with the simulator calibrated on this machine (made first if there is none);
+        print each percentile's measured median, spread, prediction and error, then
+        "worst error: X%". The engine's steps are timed by their CPU time on a virtual
+        clock (``--clock wall``: in real time, a busy machine's stalls included).
+    python -m servelab.sim calibrate [--quick] [--model DIR] [--out FILE]
+        fit the step model to this machine and this engine over the calibration sweep
+        (decode batches up to the seat limit at short to long contexts, chunked prompts,
+        mixed steps, prefix hits, preemption, two random streams) and keep it in this
+        machine's cache (``--out``: also save it there; the committed one is
+        data/sim/step_model.json). ``--quick``: a smaller sweep (under 3 minutes).
     python -m servelab.sim run --rate 8 --n 100000 [--tier small] [--seats 64]
         simulate a synthetic stream on a registry chip (roofline step model) and print percentiles.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -36,48 +39,44 @@ def _config(a) -> ReplicaConfig:
 
 
 def cmd_check(a) -> int:
-    from servelab.sim import calibrate
-    from servelab.sim.workload import load_trace
+    from servelab.sim import calibrate, check
+    from servelab.workload import load_trace
     trace = load_trace(a.trace)
-    model = calibrate.load_step_model(a.step_model)
+    if not trace.timed:
+        raise ValueError(f"{a.trace} has no arrival times (arrival_s): the check replays a timed trace")
+    if a.step_model:
+        model = calibrate.load_step_model(a.step_model)
+        where = a.step_model
+    else:
+        model, where = check.step_model_here(quick=True, model_dir=a.model, clock=a.clock)
     meta = getattr(model, "meta", {})
-    print(f"trace: {len(trace)} requests over {trace.duration_s:.1f} s; step model fitted at commit "
-          f"{meta.get('git_commit', '?')} on {(meta.get('machine') or {}).get('cpu', '?')}")
-    run = calibrate.run_engine(trace, _config(a), model_dir=a.model, label=str(a.trace), clock=a.clock)
-    f = calibrate.speed_factor(run, model)
-    if f != 1.0:
-        print(f"speed: this machine ran the reference work (or the probe) {f:.2f}x as slowly as during "
-              f"the fit (not applied; a large factor means a busier machine and larger errors)")
+    print(f"trace: {len(trace)} requests over {trace.duration_s:.1f} s; step model {where} "
+          f"({meta.get('calibration', 'fitted')} at commit {meta.get('git_commit', '?')})")
+    for why in check.stale_reasons(model, a.model):
+        print(f"warning: this step model is not a calibration of this engine and machine: {why}")
+    res = check.check_trace(trace, model, _config(a), repeats=a.repeats, model_dir=a.model, clock=a.clock,
+                            label=str(a.trace), say=print)
     if a.save_run:
-        with open(a.save_run, "w") as f:
-            json.dump(run.to_dict(), f)
-    print(calibrate.compare(run, model).table())
+        check.save_check(res, a.save_run)
+    print(res.table())
     return 0
 
 
 def cmd_calibrate(a) -> int:
-    from servelab.sim import calibrate
+    from servelab.sim import calibrate, check
     t0 = time.time()
-    cfg = calibrate.CONFIGS["base"]
-    print("probe: a burst of requests to estimate this machine's speed ...", flush=True)
-    calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="warm-up", clock=a.clock)
-    probe = calibrate.run_engine(calibrate.probe_trace(), cfg, model_dir=a.model, label="probe", clock=a.clock)
-    probe_model = calibrate.fit_step_model([probe], kind="linear")  # sets the workloads' rates only
-    print("profile: the engine's prompt steps at the chunk sizes and their neighbours ...", flush=True)
-    profile = calibrate.profile_prompt_steps(repeats=3 if a.quick else 15, model_dir=a.model)
-    runs = []
-    for name, (trace, c) in calibrate.calibration_workloads(probe_model, quick=a.quick)["fit"].items():
-        print(f"fit workload {name!r}: {len(trace)} requests at {trace.rate:.2f}/s ...", flush=True)
-        runs.append(calibrate.run_engine(trace, c, model_dir=a.model, label=name, clock=a.clock))
-    model = calibrate.fit_step_model(runs, profile=profile)
-    path = calibrate.save_step_model(model, a.out)
+    model, runs = check.calibrate_here(quick=a.quick, model_dir=a.model, clock=a.clock)
+    path = calibrate.save_step_model(model, check.cache_path(a.model, a.quick))
     print(f"step model: {model.describe()}")
-    print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps"
-          + (f", R^2 {model.meta['r2']:.3f}" if "r2" in model.meta else ""))
-    for r in runs:
-        c = calibrate.compare(r, model)
-        print(f"\n{r.label}\n{c.table()}")
-    print(f"\nsaved to {path} ({time.time() - t0:.0f} s)")
+    print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps, "
+          f"R^2 {model.meta['r2']:.3f}")
+    print("measured over predicted step time, by feature (median of the steps in each bin):")
+    for feat, rows in model.meta["residuals_by_feature"].items():
+        print(f"  {feat}: " + ", ".join(f"{r['bin']}: {r['median_measured_over_predicted']:.2f}" for r in rows))
+    if a.out:
+        calibrate.save_step_model(model, a.out)
+        print(f"saved to {a.out}")
+    print(f"kept as this machine's calibration: {path} ({time.time() - t0:.0f} s)")
     return 0
 
 
@@ -105,15 +104,17 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="real engine vs calibrated simulator on a JSONL trace")
     c.add_argument("--trace", required=True, help="JSONL: one {arrival_s, prompt_tokens, output_tokens} per line")
     c.add_argument("--model", default=None, help="checkpoint folder (default: the course's main model)")
-    c.add_argument("--step-model", default=None, help="saved step model (default: data/sim/step_model.json)")
-    c.add_argument("--save-run", default=None, help="also save the engine's measurements as JSON")
+    c.add_argument("--step-model", default=None,
+                   help="a saved step model (default: this machine's calibration, made first if there is none)")
+    c.add_argument("--repeats", type=int, default=2, help="engine runs of the trace (default %(default)s)")
+    c.add_argument("--save-run", default=None, help="also save the check (every run's percentiles) as JSON")
     c.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
                    help="time the engine's steps by their CPU time on a virtual clock (default) or in real time")
     _config_args(c)
     k = sub.add_parser("calibrate", help="refit the step model on this machine and save it")
     k.add_argument("--model", default=None)
-    k.add_argument("--out", default=None, help="where to save (default: data/sim/step_model.json)")
-    k.add_argument("--quick", action="store_true", help="fewer requests per workload")
+    k.add_argument("--out", default=None, help="also save it here (e.g. data/sim/step_model.json)")
+    k.add_argument("--quick", action="store_true", help="the smaller sweep (under 3 minutes)")
     k.add_argument("--clock", default="cpu", choices=("cpu", "wall"), help="as for check")
     r = sub.add_parser("run", help="simulate a synthetic stream on registry chips")
     r.add_argument("--n", type=int, default=100_000)
@@ -128,10 +129,6 @@ def main(argv=None) -> int:
     r.add_argument("--overhead-ms", type=float, default=0.0)
     r.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    from servelab.sim import calibrate
-    for name in ("step_model", "out"):
-        if getattr(a, name, "unset") is None:
-            setattr(a, name, calibrate.DEFAULT_STEP_MODEL)
     try:
         return {"check": cmd_check, "calibrate": cmd_calibrate, "run": cmd_run}[a.cmd](a)
     except ValueError as exc:

@@ -1,0 +1,197 @@
+"""Calibrate the simulator where it runs, and check it against the engine's own spread.
+
+* :func:`calibrate_here` runs the engine through :func:`~servelab.sim.sweep.sweep_traces`
+  (every step timed by its CPU time, as :func:`~servelab.sim.calibrate.run_engine` does)
+  and fits a :class:`~servelab.sim.step_model.KindStepModel` to all of its steps. The
+  model's ``meta`` records the machine (:func:`~servelab.sim.fingerprint.machine_key`),
+  the engine's step path (:func:`~servelab.sim.fingerprint.engine_fingerprint`), the
+  checkpoint, and the fit's residuals by feature.
+* :func:`step_model_here` returns the calibration of *this* machine and engine from a
+  cache (``$SERVELAB_CACHE/sim``, default ``~/.cache/servelab/sim``), making one first
+  when there is none, and saying so.
+* :func:`check_trace` serves a trace with the engine ``repeats`` times, each on a freshly
+  built engine, and simulates it once: per percentile the measured median, the run-to-run
+  spread (half the range of the runs, as a share of the median) and the prediction's
+  error. :class:`SpreadCheck`'s table ends with ``worst error: X%``.
+
+Imports the engine (and torch) inside the functions.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servelab.sim import calibrate as cal
+from servelab.sim.core import ReplicaConfig, simulate
+from servelab.sim.fingerprint import engine_fingerprint, machine_key
+from servelab.sim.sweep import residuals_by_feature, sweep_traces
+from servelab.workload import Trace, percentile
+
+__all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
+           "stale_reasons", "CACHE_ENV"]
+
+CACHE_ENV = "SERVELAB_CACHE"
+METRICS = cal.METRICS
+
+
+def model_tag(model_dir=None) -> str:
+    """A short key of the checkpoint (its folder name and its config file)."""
+    d = Path(model_dir or cal.DEFAULT_MODEL_DIR)
+    cfg = d / "config.json"
+    text = cfg.read_text() if cfg.exists() else str(d.resolve())
+    return d.name + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def cache_path(model_dir=None, quick: bool = True) -> Path:
+    """Where this machine's calibration of this engine and checkpoint is kept."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "servelab") / "sim"
+    kind = "quick" if quick else "full"
+    return root / f"step_model-{machine_key()}-{engine_fingerprint()}-{model_tag(model_dir)}-{kind}.json"
+
+
+def calibrate_here(quick: bool = True, model_dir=None, clock: str = "cpu", say=print, rate: float | None = None):
+    """Fit a step model to the engine on this machine over the calibration sweep.
+    Returns ``(model, runs)``; the runs are :class:`~servelab.sim.calibrate.EngineRun`\\ s."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    runs = []
+    for name, (trace, cfg) in sweep_traces(quick=quick, rate=rate).items():
+        say(f"calibration piece {name!r}: {len(trace)} requests ...")
+        runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=name, clock=clock, probe=False))
+    model = cal.fit_step_model(runs)
+    shapes = [s for r in runs for s in r.shapes]
+    durs = np.concatenate([r.durations for r in runs])
+    model.meta.update(
+        engine_fingerprint=engine_fingerprint(), machine_key=machine_key(), model=model_tag(model_dir),
+        calibration="sweep (quick)" if quick else "sweep", seconds=round(time.perf_counter() - t0, 1),
+        cpu_seconds=round(time.process_time() - c0, 1),
+        load_average_1min=round(os.getloadavg()[0], 2),
+        residuals_by_feature=residuals_by_feature(model, shapes, durs))
+    return model, runs
+
+
+def stale_reasons(model, model_dir=None) -> list[str]:
+    """Why ``model`` is not a calibration of this machine, this engine and this checkpoint
+    (an empty list when it is)."""
+    meta = getattr(model, "meta", {}) or {}
+    out = []
+    if meta.get("engine_fingerprint") != engine_fingerprint():
+        out.append(f"fitted to engine code {meta.get('engine_fingerprint', 'not recorded')}, "
+                   f"this engine is {engine_fingerprint()}")
+    if meta.get("machine_key") != machine_key():
+        out.append(f"fitted on machine {meta.get('machine_key', 'not recorded')}, this is {machine_key()}")
+    if meta.get("model") not in (None, model_tag(model_dir)):
+        out.append(f"fitted to checkpoint {meta['model']}, this is {model_tag(model_dir)}")
+    return out
+
+
+def step_model_here(quick: bool = True, model_dir=None, say=print, clock: str = "cpu"):
+    """``(model, path)``: this machine's calibration of this engine (from the cache, else made
+    now with :func:`calibrate_here` and cached)."""
+    path = cache_path(model_dir, quick)
+    for p in (cache_path(model_dir, False), path):  # a full calibration, when there is one, serves too
+        if p.exists():
+            try:
+                return cal.load_step_model(p), p
+            except ValueError:
+                pass  # a broken cache file: calibrate again
+    say(f"no calibration of this machine and engine yet: calibrating now "
+        f"(`python -m servelab.sim calibrate{' --quick' if quick else ''}`, a few minutes; "
+        f"kept in {path.parent})")
+    model, _ = calibrate_here(quick=quick, model_dir=model_dir, clock=clock, say=say)
+    cal.save_step_model(model, path)
+    return model, path
+
+
+@dataclass
+class SpreadCheck:
+    """Measured (``runs``: one percentile dict per engine run) against ``predicted``."""
+
+    label: str
+    runs: list
+    predicted: dict
+    info: dict = field(default_factory=dict)
+
+    @property
+    def measured(self) -> dict:
+        return {k: float(np.median([r[k] for r in self.runs])) for k in METRICS}
+
+    @property
+    def spread(self) -> dict:
+        """Half the range of the runs, as a share of their median, per metric (0 with one run)."""
+        m = self.measured
+        return {k: float((max(r[k] for r in self.runs) - min(r[k] for r in self.runs)) / 2 / m[k]) for k in METRICS}
+
+    @property
+    def errors(self) -> dict:
+        m = self.measured
+        return {k: (self.predicted[k] - m[k]) / m[k] for k in METRICS}
+
+    @property
+    def worst(self) -> float:
+        return max(abs(e) for e in self.errors.values())
+
+    @property
+    def worst_spread(self) -> float:
+        return max(self.spread.values())
+
+    def table(self) -> str:
+        n = len(self.runs)
+        lines = [f"{'metric':<10}{'measured':>12}{'spread':>9}{'predicted':>12}{'error':>9}",
+                 f"{'':<10}{f'median of {n}':>12}{'± half':>9}"]
+        for k in METRICS:
+            lines.append(f"{k:<10}{self.measured[k] * 1e3:>9.2f} ms{self.spread[k]:>8.1%} "
+                         f"{self.predicted[k] * 1e3:>9.2f} ms{self.errors[k]:>+9.1%}")
+        lines.append(f"engine's own spread: up to ±{self.worst_spread:.1%} between {n} runs")
+        lines.append(f"worst error: {self.worst:.1%}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "runs": self.runs, "predicted": self.predicted, "measured": self.measured,
+                "spread": self.spread, "errors": self.errors, "worst": self.worst, "info": self.info}
+
+
+def predict(trace: Trace, model, config: ReplicaConfig) -> dict:
+    sim = simulate(trace, model, config)
+    ttft = np.sort(sim.ttft[np.isfinite(sim.ttft)])
+    tpot = np.sort(sim.tpot[np.isfinite(sim.tpot)])
+    return {"ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
+            "tpot_p50": percentile(tpot, 50), "tpot_p95": percentile(tpot, 95)}
+
+
+def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
+                clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False) -> SpreadCheck:
+    """Serve ``trace`` with the engine ``repeats`` times (a fresh engine each time, so no run
+    finds another's prefixes cached) and compare the median of each percentile with the
+    simulator's prediction, beside the runs' spread."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
+    config = config or cal.CONFIGS["base"]
+    runs, engine_runs = [], []
+    for k in range(repeats):
+        if say:
+            say(f"engine run {k + 1} of {repeats} ...")
+        run = cal.run_engine(trace, config, model_dir=model_dir, label=f"{label} #{k + 1}", clock=clock,
+                             probe=False)
+        runs.append(run.percentiles())
+        engine_runs.append(run)
+    info = {"requests": len(trace), "rate": trace.rate, "config": config.__dict__, "clock": clock,
+            "load_average_1min": round(os.getloadavg()[0], 2), "git_commit": cal.git_commit(),
+            "steps": [len(r.shapes) for r in engine_runs]}
+    check = SpreadCheck(label, runs, predict(trace, model, config), info)
+    if keep_runs:
+        check.info["engine_runs"] = engine_runs
+    return check
+
+
+def save_check(check: SpreadCheck, path) -> Path:
+    path = Path(path)
+    d = check.to_dict()
+    d["info"] = {k: v for k, v in d["info"].items() if k != "engine_runs"}
+    path.write_text(json.dumps(d, indent=1) + "\n")
+    return path

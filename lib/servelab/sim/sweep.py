@@ -1,0 +1,169 @@
+"""A calibration that covers the shapes serving produces, not a few workload families.
+
+:func:`sweep_traces` builds traces whose pieces put the engine, one at a time,
+into chosen states: decode batches of every size up to the seat limit at short,
+medium and long contexts (their prompts go through chunked prefill steps on the
+way), streams joined by a prompt (mixed steps), long prompts cut into chunks
+while streams decode, groups sharing a prefix (prefix-cache hits), a pool too
+small for its requests (preemption and recomputation), and two random streams
+(Poisson and bursty) for the mixtures a queue makes. Pieces are spaced far apart
+on the trace's clock, so each starts on an idle engine (the engine check's
+virtual clock jumps over the gaps).
+
+:func:`residuals_by_feature` says where a fitted model misses: the median of
+measured over predicted step time in bins of each feature (decode rows, context
+per row, prompt tokens, prompt chunks, prefix hits, decode groups).
+
+Pure Python + numpy (the engine runs in :mod:`servelab.sim.calibrate`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from servelab.sim.core import ReplicaConfig
+from servelab.sim.step_model import StepShape, step_kind
+from servelab.workload import Exponential, LogNormal, Trace, synthetic
+
+__all__ = ["SWEEP_CONFIGS", "sweep_traces", "residuals_by_feature", "FEATURE_BINS", "GAP_S"]
+
+#: Seconds between pieces on the trace's clock: far longer than any piece runs.
+GAP_S = 1000.0
+
+#: The replicas the sweep runs on: the check's default, a chunk cap, and a pool that forces preemption.
+SWEEP_CONFIGS = {
+    "base": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024),
+    "chunk128": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=1024,
+                              long_prefill_token_threshold=128),
+    "tight": ReplicaConfig(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=160),
+}
+
+
+class _Builder:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.t = 0.0
+        self.rows: list[tuple] = []  # (arrival, prompt, output, group, prefix)
+        self.groups = 0
+
+    def piece(self, requests) -> None:
+        """``requests``: (offset s, prompt tokens, output tokens, group or -1, prefix tokens)."""
+        for off, p, o, g, pre in requests:
+            self.rows.append((self.t + off, p, o, g, pre))
+        self.t += GAP_S
+
+    def trace(self) -> Trace:
+        a, p, o, g, pre = zip(*self.rows)
+        return Trace(a, p, o, g, pre)
+
+
+def _fits(cfg: ReplicaConfig, rows: int, tokens_each: int, max_len: int) -> bool:
+    blocks = rows * -(-tokens_each // cfg.block_size)
+    return tokens_each <= max_len and blocks <= cfg.num_kv_blocks
+
+
+def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: float | None = None) -> dict:
+    """``{name: (trace, config)}``: the calibration's pieces (see the module doc).
+
+    ``max_len``: the model's context (prompt + output of one request); ``rate``: the
+    random streams' arrival rate (requests/s; default 6, for the course's small model on
+    a CPU core: set it from a first fit to load another machine alike).
+    """
+    base = SWEEP_CONFIGS["base"]
+    rng_out = np.random.default_rng([seed, 1])
+    out = {}
+
+    b = _Builder(seed)
+    rows = (1, 2, 4, 8, 16, 24, 32) if quick else (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32)
+    lengths = (16, 300, 900) if quick else (16, 120, 300, 600, 900)
+    for r in rows:
+        for length in lengths:
+            outs = rng_out.integers(4, 10 if quick else 14, r)
+            if not _fits(base, r, length + int(outs.max()), max_len):
+                continue
+            b.piece([(0.0, length, int(o), -1, 0) for o in outs])
+    # mixed steps: short streams decoding, then a prompt joins them
+    for r in ((4, 16, 31) if quick else (2, 4, 8, 16, 24, 31)):
+        for p in ((64, 480) if quick else (32, 64, 128, 256, 480)):
+            b.piece([(0.0, 16, 24, -1, 0)] * r + [(0.02, p, 4, -1, 0)])
+    # prefix hits: a group sharing a long prefix, the first one alone, the rest together
+    for r in ((4, 16) if quick else (2, 4, 8, 16, 24)):
+        for pre in ((256,) if quick else (128, 512)):
+            g = b.groups
+            b.groups += 1
+            b.piece([(0.0, pre + 16, 4, g, pre)] + [(0.5, pre + int(k), 8, g, pre) for k in
+                                                    rng_out.integers(8, 64, r)])
+    out["sweep"] = (b.trace(), base)
+
+    c = _Builder(seed + 1)  # long prompts cut into chunks while streams decode (long contexts)
+    for r in ((4, 16) if quick else (2, 4, 8, 16, 24)):
+        for p in ((400, 900) if quick else (300, 600, 900)):
+            c.piece([(0.0, 300, 30, -1, 0)] * r + [(0.05, p, 4, -1, 0)])
+    out["chunked"] = (c.trace(), SWEEP_CONFIGS["chunk128"])
+
+    t = _Builder(seed + 2)  # preemption: the pool holds about two thirds of what the requests need
+    for n, p in (((12, 120),) if quick else ((12, 120), (24, 60), (6, 300))):
+        t.piece([(0.0, p, p, -1, 0)] * n)
+    out["preemption"] = (t.trace(), SWEEP_CONFIGS["tight"])
+
+    n = 60 if quick else 200
+    rate = 6.0 if rate is None else rate
+    mix = dict(prompt=LogNormal(100, 1.0, 8, 600), output=Exponential(40, 300))
+    out["poisson mix"] = (synthetic(n, rate, seed=seed + 3, **mix), base)
+    out["bursty"] = (synthetic(n, rate, seed=seed + 4, arrival="gamma", cv=3.0, prefix_groups=2, prefix_tokens=200,
+                               prefix_share=0.3, **mix), base)
+    return out
+
+
+#: Bin edges per feature for :func:`residuals_by_feature` (a bin holds edge <= x < next edge).
+FEATURE_BINS = {
+    "decode rows": (1, 2, 4, 8, 16, 24),
+    "context per decode row": (0, 64, 256, 512, 768),
+    "prompt tokens": (1, 32, 128, 256, 512),
+    "prompt chunks": (1, 2, 3),
+    "chunk offset (cached or earlier tokens)": (0, 1, 128, 512),
+}
+
+
+def _feature(name: str, s: StepShape):
+    if name == "decode rows":
+        return s.decode_rows or None
+    if name == "context per decode row":
+        return s.decode_context / s.decode_rows if s.decode_rows else None
+    if name == "prompt tokens":
+        return s.prefill_tokens or None
+    if name == "prompt chunks":
+        return s.prefill_seqs or None
+    if name == "chunk offset (cached or earlier tokens)":
+        if not s.prefill_tokens:
+            return None
+        return max(s.prefill_context - s.prefill_tokens, 0) / max(s.prefill_seqs, 1)
+    raise ValueError(name)
+
+
+def residuals_by_feature(model, shapes, durations, bins: dict | None = None, min_steps: int = 5) -> dict:
+    """Where ``model`` misses: per feature and bin (and per step kind), the number of steps,
+    the median of measured over predicted time and the ratio of their total times."""
+    bins = FEATURE_BINS if bins is None else bins
+    shapes = list(shapes)
+    y = np.asarray(durations, dtype=float)
+    pred = np.array([model.step_s(s) for s in shapes])
+    ratio = y / pred
+    out = {}
+    for name, edges in bins.items():
+        vals = np.array([np.nan if (v := _feature(name, s)) is None else v for s in shapes], dtype=float)
+        rows = []
+        for lo, hi in zip(edges, (*edges[1:], np.inf)):
+            m = (vals >= lo) & (vals < hi)
+            if m.sum() < min_steps:
+                continue
+            label = f"{lo:g}+" if hi == np.inf else (f"{lo:g}" if hi - lo == 1 else f"{lo:g}-{hi - 1:g}")
+            rows.append({"bin": label, "steps": int(m.sum()), "median_measured_over_predicted":
+                         round(float(np.median(ratio[m])), 3),
+                         "total_measured_over_predicted": round(float(y[m].sum() / pred[m].sum()), 3)})
+        out[name] = rows
+    kinds = np.array([step_kind(s) for s in shapes])
+    out["step kind"] = [{"bin": k, "steps": int((kinds == k).sum()),
+                         "median_measured_over_predicted": round(float(np.median(ratio[kinds == k])), 3),
+                         "total_measured_over_predicted": round(float(y[kinds == k].sum() / pred[kinds == k].sum()), 3)}
+                        for k in ("decode", "prefill", "mixed") if (kinds == k).sum() >= min_steps]
+    return out

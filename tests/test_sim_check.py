@@ -1,0 +1,90 @@
+"""The simulator's calibration where it runs: fingerprints, the per-machine cache, the sweep,
+residuals by feature and the check beside the engine's spread. No engine runs here (instant);
+tests/test_sim_calibrate.py runs the engine on a tiny trace through the command line."""
+import json
+
+import numpy as np
+import pytest
+
+from servelab.sim import calibrate as cal
+from servelab.sim import check, fingerprint
+from servelab.sim.step_model import LinearStepModel, StepShape
+from servelab.sim.sweep import SWEEP_CONFIGS, residuals_by_feature, sweep_traces
+
+
+def test_fingerprint_follows_code_not_documentation(tmp_path):
+    src = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    docs = 'def f(x):\n    """Other words."""\n    # a comment\n    return x + 1\n'
+    code = 'def f(x):\n    """Doc."""\n    return x + 2\n'
+    paths = {}
+    for name, text in (("a", src), ("b", docs), ("c", code)):
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(text)
+    fp = {k: fingerprint.engine_fingerprint({"m": p}) for k, p in paths.items()}
+    assert fp["a"] == fp["b"] != fp["c"]
+
+
+def test_step_path_is_found_by_imports():
+    files = fingerprint.step_path_files()
+    for must in ("servelab.model", "servelab.paged", "servelab.engine.model_runner", "servelab.engine.scheduler"):
+        assert must in files
+    assert not set(files) & fingerprint.NOT_STEP_PATH
+    assert fingerprint.machine_key() == fingerprint.machine_key() and len(fingerprint.machine_key()) == 12
+
+
+def test_cache_is_keyed_by_machine_engine_and_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(check.CACHE_ENV, str(tmp_path))
+    p = check.cache_path()
+    assert p.parent == tmp_path / "sim"
+    assert fingerprint.machine_key() in p.name and fingerprint.engine_fingerprint() in p.name
+    assert check.cache_path(quick=False) != p
+    # a cached calibration is used as it is: nothing is measured
+    m = LinearStepModel(a=0.004, meta={"engine_fingerprint": fingerprint.engine_fingerprint(),
+                                       "machine_key": fingerprint.machine_key(), "model": check.model_tag()})
+    cal.save_step_model(m, p)
+    said = []
+    got, where = check.step_model_here(say=said.append)
+    assert where == p and got.a == 0.004 and not said
+    assert check.stale_reasons(got) == []
+    assert len(check.stale_reasons(LinearStepModel(a=0.004))) == 2
+
+
+def test_sweep_covers_the_space_within_the_replica():
+    traces = sweep_traces(quick=True)
+    assert set(traces) >= {"sweep", "chunked", "preemption", "poisson mix", "bursty"}
+    tr, cfg = traces["sweep"]
+    assert int((tr.prompt_tokens + tr.output_tokens).max()) <= 1024
+    assert (tr.prefix_group >= 0).any()
+    # the decode grid reaches the seat limit
+    starts = np.round(tr.arrival_s, 3)
+    assert max(np.unique(starts, return_counts=True)[1]) >= cfg.max_num_seqs
+    tight, tcfg = traces["preemption"]
+    assert tcfg is SWEEP_CONFIGS["tight"]
+    need = int(((tight.prompt_tokens + tight.output_tokens + 15) // 16).sum())
+    assert need > tcfg.num_kv_blocks  # the pool cannot hold them all: preemption
+
+
+def test_residuals_by_feature_find_a_planted_miss():
+    model = LinearStepModel(a=0.004, c_decode=1e-4)
+    shapes = [StepShape(0, r, 100 * r) for r in (1, 2, 4, 8, 16, 24, 32) for _ in range(10)]
+    durs = [model.step_s(s) * (1.3 if s.decode_rows >= 24 else 1.0) for s in shapes]
+    res = residuals_by_feature(model, shapes, durs)
+    rows = {r["bin"]: r["median_measured_over_predicted"] for r in res["decode rows"]}
+    assert rows["24+"] == pytest.approx(1.3) and rows["1"] == pytest.approx(1.0)
+    assert res["step kind"][0]["bin"] == "decode"
+
+
+def test_spread_check_reports_each_error_beside_the_spread():
+    runs = [{"ttft_p50": 0.10, "ttft_p95": 0.30, "tpot_p50": 0.010, "tpot_p95": 0.020},
+            {"ttft_p50": 0.12, "ttft_p95": 0.34, "tpot_p50": 0.012, "tpot_p95": 0.022},
+            {"ttft_p50": 0.11, "ttft_p95": 0.32, "tpot_p50": 0.011, "tpot_p95": 0.021}]
+    pred = {"ttft_p50": 0.11, "ttft_p95": 0.40, "tpot_p50": 0.011, "tpot_p95": 0.021}
+    c = check.SpreadCheck("t", runs, pred)
+    assert c.measured["ttft_p95"] == pytest.approx(0.32)
+    assert c.spread["ttft_p50"] == pytest.approx(0.01 / 0.11)
+    assert c.worst == pytest.approx(0.25)
+    lines = c.table().splitlines()
+    assert lines[-1] == "worst error: 25.0%" and "spread" in lines[0]
+    assert json.loads(json.dumps(c.to_dict()))["worst"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="repeats"):
+        check.check_trace(None, None, repeats=0)
