@@ -1,30 +1,27 @@
 """Checkpoints and configs: Hugging Face ``config.json`` and safetensors in and out.
 
 :func:`load_config` reads and checks a ``config.json`` (:func:`check_llama_config`
-refuses what the decoder cannot build); :func:`load_pretrained` builds a
-:class:`servelab.model.LlamaModel` from a checkpoint folder, every tensor
-accounted for; :func:`save_pretrained` writes one back in the same layout;
-:func:`load_course_model` loads the course's own trained models. All of them
-are also importable from :mod:`servelab.model`, as before.
+refuses what the decoder cannot build); :func:`checkpoint_tensors` reads a
+checkpoint folder's tensors, every one accounted for against a model's
+``state_dict``; :func:`save_pretrained` writes a model back in the same layout.
+:func:`servelab.model.load_pretrained` builds the model from these (this module
+never imports the model). All names are also importable from :mod:`servelab.model`.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from servelab.attention import rope_inv_freq
 from servelab.specs import ModelConfig
 
-if TYPE_CHECKING:
-    from servelab.model import LlamaModel
-
 __all__ = [
-    "LlamaConfig", "check_llama_config", "load_config", "load_state_dict", "load_pretrained",
-    "save_pretrained", "load_course_model", "count_parameters_from_config", "COURSE_MODELS_DIR",
+    "LlamaConfig", "check_llama_config", "load_config", "load_state_dict", "checkpoint_tensors",
+    "save_pretrained", "course_model_folder", "count_parameters_from_config", "COURSE_MODELS_DIR",
 ]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -130,27 +127,19 @@ def load_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
-                    device: str | torch.device = "cpu") -> LlamaModel:
-    """Build a :class:`LlamaModel` from a Hugging Face checkpoint folder.
+def checkpoint_tensors(folder: str | Path, config: ModelConfig,
+                       expected: Mapping[str, Sequence[int]]) -> dict[str, torch.Tensor]:
+    """The tensors of checkpoint ``folder`` under this library's names, checked against ``expected``.
 
-    Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
-    ``model.safetensors.index.json``). Every tensor must be accounted for:
-    missing, unexpected or wrongly shaped tensors raise ``ValueError`` naming
-    them. Returns the model in eval mode.
+    ``expected`` maps each name to its shape (a model's ``state_dict``). Every
+    tensor must be accounted for: missing, unexpected or wrongly shaped tensors
+    raise ``ValueError`` naming them. A tied head (``tie_word_embeddings``) that
+    a writer stored anyway must equal the embedding, and is dropped.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    config = load_config(folder)
-    dtype = _resolve_dtype(dtype)
-    from servelab.model import LlamaModel  # here: the model module re-exports this one's names
-    with torch.device("meta"):
-        model = LlamaModel(config).to(dtype)
-    expected = {name: p for name, p in model.state_dict().items()}
-    raw = load_state_dict(folder)
+    folder = Path(folder)
+    expected = {name: tuple(shape) for name, shape in expected.items()}
     tensors = {}
-    for name, t in raw.items():
+    for name, t in load_state_dict(folder).items():
         if name.endswith(_IGNORED_SUFFIXES):
             continue
         tensors[_hf_to_servelab_name(name)] = t
@@ -171,34 +160,24 @@ def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
     if unexpected:
         raise ValueError(f"checkpoint {folder} has unexpected tensor(s) {unexpected[:8]}"
                          f"{' ...' if len(unexpected) > 8 else ''}; is it really a Llama model?")
-    for name, p in expected.items():
-        if tuple(tensors[name].shape) != tuple(p.shape):
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
             raise ValueError(f"tensor {name} has shape {tuple(tensors[name].shape)} but config.json "
-                             f"implies {tuple(p.shape)}")
-    model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
-    if config.tie_word_embeddings:  # to_empty gave the head its own storage; share it again
-        model.lm_head.weight = model.embed_tokens.weight
-    # RoPE frequencies are computed, not stored, and kept in fp32 whatever the weights' dtype.
-    model.rotary.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
-    return model.eval()
+                             f"implies {shape}")
+    return tensors
 
 
-def load_course_model(name: str = "main", dtype: torch.dtype | str = torch.float32) -> LlamaModel:
-    """The course's tiny trained model: ``"main"`` (~6M parameters) or ``"draft"`` (~1M).
-
-    Both use the course tokenizer (``servelab.bpe.load_course_tokenizer()``) and
-    were trained by ``python -m servelab.train --preset main|draft``.
-    """
+def course_model_folder(name: str = "main") -> Path:
+    """The folder of the course's model ``name`` (``"main"``, ``"draft"`` or ``"servelab-..."``)."""
     folder = COURSE_MODELS_DIR / (name if name.startswith("servelab-") else f"servelab-{name}")
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"course model {name!r} not found at {folder}; "
                                 f"train it with `python -m servelab.train --preset {name.removeprefix('servelab-')}`")
-    return load_pretrained(folder, dtype=dtype)
+    return folder
 
 
-def save_pretrained(model: LlamaModel, path: str | Path, extra_config: Mapping[str, Any] | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in Hugging Face layout.
+def save_pretrained(model: torch.nn.Module, path: str | Path, extra_config: Mapping[str, Any] | None = None) -> Path:
+    """Write a :class:`servelab.model.LlamaModel`'s ``config.json`` + ``model.safetensors`` in Hugging Face layout.
 
     A tied head is stored once (as the embedding), as ``transformers`` does.
     """

@@ -11,8 +11,8 @@ prefix dropped, so a checkpoint maps onto this module name for name. Any
 Llama-family checkpoint (TinyLlama, SmolLM, Llama 3.x) loads with
 :func:`load_pretrained`; the tests check that logits match ``transformers`` to
 1e-4 in fp32. Two jobs live beside it: fused projections in
-:mod:`servelab.fusion`, config and checkpoint I/O in :mod:`servelab.checkpoint`;
-their names are importable from here too.
+:mod:`servelab.fusion`, config and checkpoint I/O in :mod:`servelab.checkpoint`
+(neither imports this module); their names are importable from here too.
 
 The pieces are public: ``model.embed(ids)``, ``model.rotary(position_ids)`` for
 cos/sin at any positions, ``layer.self_attn.project(x, cos, sin)`` for a layer's
@@ -27,6 +27,8 @@ layers; only the attention core differs.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,8 +36,8 @@ from torch import nn
 from servelab.attention import apply_rope, decode_attention, mask_from_positions, rope_cos_sin, rope_inv_freq
 from servelab.checkpoint import (  # noqa: F401  (re-exported: checkpoints and configs live there)
     COURSE_MODELS_DIR, SUPPORTED_ARCHITECTURES, SUPPORTED_MODEL_TYPES, LlamaConfig, _checkpoint_files,
-    _hf_to_servelab_name, _resolve_dtype, check_llama_config, count_parameters_from_config, load_config,
-    load_course_model, load_pretrained, load_state_dict, save_pretrained,
+    _hf_to_servelab_name, _resolve_dtype, check_llama_config, checkpoint_tensors, count_parameters_from_config,
+    course_model_folder, load_config, load_state_dict, save_pretrained,
 )
 from servelab.fusion import (  # noqa: F401  (re-exported: the fused projections live there)
     FusedLinears, _apply_linears, _current_fusion, _fused_output, _refused, fusable, is_column_major,
@@ -544,3 +546,40 @@ class LlamaModel(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
         return self
+
+
+# ====================================================================== loading
+
+def load_pretrained(path: str | Path, dtype: torch.dtype | str = torch.float32,
+                    device: str | torch.device = "cpu") -> LlamaModel:
+    """Build a :class:`LlamaModel` from a Hugging Face checkpoint folder.
+
+    Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
+    ``model.safetensors.index.json``). Every tensor must be accounted for:
+    missing, unexpected or wrongly shaped tensors raise ``ValueError`` naming
+    them (:func:`servelab.checkpoint.checkpoint_tensors`). Returns the model in eval mode.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+    config = load_config(folder)
+    dtype = _resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = LlamaModel(config).to(dtype)
+    tensors = checkpoint_tensors(folder, config, {name: p.shape for name, p in model.state_dict().items()})
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    if config.tie_word_embeddings:  # to_empty gave the head its own storage; share it again
+        model.lm_head.weight = model.embed_tokens.weight
+    # RoPE frequencies are computed, not stored, and kept in fp32 whatever the weights' dtype.
+    model.rotary.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    return model.eval()
+
+
+def load_course_model(name: str = "main", dtype: torch.dtype | str = torch.float32) -> LlamaModel:
+    """The course's tiny trained model: ``"main"`` (~6M parameters) or ``"draft"`` (~1M).
+
+    Both use the course tokenizer (``servelab.bpe.load_course_tokenizer()``) and
+    were trained by ``python -m servelab.train --preset main|draft``.
+    """
+    return load_pretrained(course_model_folder(name), dtype=dtype)
