@@ -134,6 +134,17 @@ def test_ngram_proposer_copies_what_followed_the_latest_match():
         NgramProposer(3, 2)
 
 
+def test_ngram_proposer_prefers_the_latest_match_with_k_tokens_after_it():
+    prop = NgramProposer(min_n=1, max_n=2)
+    loop = [9, 1, 2, 1, 2, 1, 2]                 # a period-2 loop: the tail "1 2" recurs
+    assert prop.propose(loop, 4)[0] == [1, 2, 1, 2]          # not [1, 2] from the latest match
+    assert prop.propose(loop, 2)[0] == [1, 2]                # the latest match has enough
+    # no match has k after it: the one with the most (the earliest, here)
+    assert prop.propose([3, 1, 2, 1, 2, 1, 2], 5)[0] == [1, 2, 1, 2]
+    # a longer n-gram still wins over a shorter one with more tokens after it
+    assert prop.propose([7, 8, 5, 6, 8, 4, 6, 7, 8], 3)[0] == [5, 6, 8]
+
+
 def test_stats_count_only_the_drafts_that_were_judged():
     from servelab.speculative import SpecStats
     st = SpecStats()
@@ -189,6 +200,52 @@ def test_stop_token_inside_an_accepted_run_ends_there():
     spec = speculative_generate(target, TOK, [1, 2], DraftModelProposer(target), 4,
                                 SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop]))
     assert spec.token_ids == plain.token_ids[:first + 1] and spec.finish_reason == "stop"
+
+
+def _stop_cases(plain):
+    """Stop settings that end the greedy output of ``plain`` in different ways."""
+    text, ids = plain.text, plain.token_ids
+    return [
+        dict(stop=[text[7:9]]),                                        # a stop string, cut before
+        dict(stop=[text[7:9]], include_stop_str_in_output=True),       # ... or kept
+        dict(stop_token_ids=[ids[2]], min_tokens=6),                   # a stop token, banned first
+        dict(stop=[text[1:3]], min_tokens=5),                          # a string too early to count
+        dict(min_tokens=9, stop_token_ids=[ids[3]], stop=[text[10:12]]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_stop_rules_are_generates_own(case):
+    """speculative_generate ends where generate ends: the same StopChecker rules
+    (stop strings with include_stop_str_in_output, min_tokens, stop tokens)."""
+    target = _model(seed=0)
+    prompt = [1, 2, 3]
+    plain = generate(target, TOK, prompt, max_new_tokens=24, eos_token_id=[])
+    extra = _stop_cases(plain)[case]
+    params = SamplingParams(temperature=0.0, max_tokens=24, **extra)
+    want = generate(target, TOK, prompt, sampling=params, eos_token_id=[])
+    for proposer in (DraftModelProposer(_model(seed=1, layers=1)), DraftModelProposer(target),
+                     NgramProposer(1, 3)):
+        got = speculative_generate(target, TOK, prompt, proposer, 4, params)
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == \
+            (want.token_ids, want.text, want.finish_reason, want.stop_reason), extra
+
+
+def test_text_is_decoded_incrementally():
+    """Each token decodes a short window, not the whole output again (O(n), not O(n^2))."""
+    class Counting(Letters):
+        decoded = 0
+
+        def decode(self, ids):
+            Counting.decoded += len(ids)
+            return super().decode(ids)
+
+    target = _model(seed=0)
+    n = 60
+    out = speculative_generate(target, Counting(), [1, 2], NgramProposer(1, 3), 4,
+                               SamplingParams(temperature=0.0, max_tokens=n, stop=["zzz"]))
+    assert len(out.token_ids) == n and out.text == TOK.decode(out.token_ids)
+    assert Counting.decoded <= 8 * n      # decoding the whole output each time: n^2 / 2
 
 
 # ------------------------------------------------------------------ exactness, sampling

@@ -284,11 +284,18 @@ def accept_tokens(draft_tokens: Sequence[int], target_probs, draft_probs=None, g
 # ---------------------------------------------------------------- proposers
 
 class NgramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the text's last n
-    tokens (n from ``max_n`` down to ``min_n``) and propose what followed it.
+    """Prompt lookup: find an earlier occurrence of the text's last n tokens
+    (n from ``max_n`` down to ``min_n``) and propose what followed it.
+
+    Among the matches of the longest n that matches, the latest one with k
+    tokens after it wins; when none has k, the one with the most (the latest
+    on ties). The latest match alone can sit so close to the end that fewer
+    than k tokens follow it: in a loop of period 2, it would propose 2 tokens
+    of 4, where the match one period earlier proposes all 4.
 
     No model and no cost beyond a scan; it pays when the answer repeats its
-    input (editing code, quoting a document). Proposes nothing when no n-gram matches.
+    input (editing code, quoting a document) or itself. Proposes nothing when
+    no n-gram matches.
     """
 
     deterministic = True
@@ -300,13 +307,20 @@ class NgramProposer:
 
     def propose(self, token_ids: Sequence[int], k: int, params=None, generator=None):
         ids = list(token_ids)
+        if k <= 0:
+            return [], None
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             tail = ids[-n:]
+            best: list[int] = []
             for start in range(len(ids) - n - 1, -1, -1):  # latest match first
                 if ids[start:start + n] == tail:
                     follow = ids[start + n:start + n + k]
-                    if follow:
-                        return follow, None
+                    if len(follow) > len(best):
+                        best = follow
+                        if len(best) == k:
+                            break
+            if best:
+                return best, None
         return [], None
 
     def reset(self) -> None:
@@ -478,14 +492,26 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
     With ``temperature=0`` the tokens equal :func:`servelab.generation.generate`'s.
     ``acceptance`` is swappable so tests can show a wrong rule changes the
     output distribution.
+
+    The stop rules are :func:`~servelab.generation.generate`'s and the
+    engine's (:class:`servelab.engine.stop.StopChecker`), applied token by
+    token through each round's kept tokens: end and stop tokens, stop strings
+    (``include_stop_str_in_output`` too), ``min_tokens`` (end and stop tokens
+    are masked out of the target's rows before it, so they are never accepted)
+    and ``max_tokens``. The text grows by incremental detokenization, so each
+    token costs the same whatever the length of the output.
     """
     import torch
-    from servelab.generation import _eos_ids, decode_tokens, encode_prompt
+    from servelab.engine.detokenizer import IncrementalDetokenizer
+    from servelab.engine.sampler import suppress_tokens
+    from servelab.engine.stop import StopChecker
+    from servelab.generation import _eos_ids, encode_prompt
     from servelab.sampling import SamplingParams, make_generator, sampling_probs
 
     params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     if max_new_tokens is not None:
         params = SamplingParams(**{**params.__dict__, "max_tokens": max_new_tokens})
+    params.validate()
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
     if params.n != 1:
@@ -494,13 +520,40 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
     prompt_ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token")
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _eos_ids(target, tokenizer, None))
+    if params.stop and tokenizer is None:
+        raise ValueError(f"stop strings {params.stop!r} need a tokenizer to decode the text")
+    checker = StopChecker(params, _eos_ids(target, tokenizer, None))
+    detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
     generator = make_generator(params.seed)
     device = next(target.parameters()).device
     max_len = len(prompt_ids) + params.max_tokens + num_speculative_tokens + 1
     cache = target.new_cache(1, max_len)
     stats = SpecStats()
     proposer.reset()
+
+    def append(token: int):
+        """One kept token through the stop rules, in the engine's order:
+        ``(finish_reason, stop_reason, end of the text)`` if it ends the output."""
+        out.append(token)
+        context.append(token)
+        hit = checker.check_token(token, len(out))  # end or stop token: in the ids, not the text
+        if hit is None and detok is not None:
+            before = len(detok.text)
+            detok.add(token)
+            found = checker.check_text(detok.text, before, len(out))
+            if found is not None:
+                return "stop", found[1], found[0]
+        finish, reason = hit if hit is not None else (checker.check_length(len(out), len(context)), None)
+        if finish is None:
+            return None
+        if detok is not None:
+            before = len(detok.text)
+            detok.flush()  # the end: show any half-decoded character as is
+            found = checker.check_text(detok.text, before, len(out))
+            if found is not None:  # the flushed characters completed a stop string
+                return "stop", found[1], found[0]
+        return finish, reason, None
+
     with torch.inference_mode():
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
@@ -508,8 +561,8 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
         stats.prefill_seconds = time.perf_counter() - t0
         context = list(prompt_ids)
         out: list[int] = []
-        finish, reason, text = "length", None, ""
-        while len(out) < params.max_tokens:
+        ended = None
+        while ended is None:
             k = min(num_speculative_tokens, params.max_tokens - len(out) - 1)
             t0 = time.perf_counter()
             drafts, q = proposer.propose(context, k, params, generator) if k > 0 else ([], None)
@@ -518,7 +571,8 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
                 stats.draft_steps += len(drafts)
             base = cache.length
             logits = target(torch.tensor([[context[-1]] + list(drafts)], device=device), cache=cache)[0]
-            p = sampling_probs(logits, params)
+            banned = [checker.suppressed_token_ids(len(out) + i) for i in range(logits.shape[0])]
+            p = sampling_probs(suppress_tokens(logits, banned), params)  # min_tokens: never drawn
             emitted = acceptance(drafts, p, q, generator)
             t2 = time.perf_counter()
             stats.draft_seconds += t1 - t0
@@ -526,23 +580,10 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
             stats.target_passes += 1
             stats.record(len(drafts), len(emitted) - 1)
             cache.crop(base + len(emitted))  # pending + accepted drafts; the last emitted is the new pending
-            done = False
-            for token in emitted:
-                out.append(token)
-                context.append(token)
-                if token in stop_ids:
-                    finish, reason, done = "stop", token, True
+            for token in emitted:  # a stop inside the accepted run ends the output there
+                ended = append(int(token))
+                if ended is not None:
                     break
-                if tokenizer is not None:
-                    text = decode_tokens(tokenizer, out)
-                    hits = [(text.find(s), s) for s in params.stop if s in text]
-                    if hits:
-                        cut, reason = min(hits)
-                        text, finish, done = text[:cut], "stop", True
-                        break
-                if len(out) >= params.max_tokens:
-                    done = True
-                    break
-            if done:
-                break
+    finish, reason, end = ended
+    text = "" if detok is None else detok.text[:end]
     return SpecResult(prompt_ids, out, text, finish, reason, stats)
