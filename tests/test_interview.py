@@ -130,7 +130,7 @@ def test_links_into_the_chapters_work_wherever_the_notebook_is_written(tmp_path)
 
 def test_every_question_is_self_contained():
     """A generated interview renumbers questions, so no question may point at another
-    ("as in Q1", "Q2's rules"): each states what it needs."""
+    ("as in Q1", "Q2's rules"), nor at "the chapter" it came from: each states what it needs."""
     import re
     from servelab.interview import _section
     for ex in all_exercises():
@@ -140,6 +140,9 @@ def test_every_question_is_self_contained():
             body = text.partition("\n")[2]
             assert not re.search(r"\bQ\d\b", body), f"{ex}.{q.id} refers to another question: " + \
                 re.search(r".{0,40}\bQ\d\b.{0,40}", body).group(0)
+            flat = re.sub(r"\s+", " ", body)
+            assert not re.search(r"\b(this|the) chapter\b", flat, re.I), f"{ex}.{q.id} leans on a chapter " \
+                "the candidate may not have read: " + re.search(r".{0,40}\b(this|the) chapter\b.{0,40}", flat, re.I).group(0)
 
 
 def test_grade_and_interview_import_in_one_direction():
