@@ -19,11 +19,12 @@ mapping, block tables, which rows need logits) once. Then every rank runs the
 model's one forward path over its shard; the all-reduces inside the layers
 keep the ranks in step. The gathered logits reach every rank; rank 0 samples.
 
-Two gloo groups join the ranks. The *control* group carries the step plans and
-waits without a deadline (an idle engine sends nothing). The *compute* group
-carries the forward pass's collectives and has a timeout: a worker that hangs
-makes rank 0's next collective fail after ``timeout_s`` seconds, and a worker
-that dies closes its sockets, which fails the collective at once. Either way
+The plans travel through the group's TCP key-value store (:class:`PlanChannel`):
+posting one never waits for a worker, and an idle engine posts nothing while its
+workers wait. The forward pass's collectives run on a gloo group with a
+timeout: a worker that hangs makes rank 0's next collective fail after
+``timeout_s`` seconds, and a worker that dies closes its sockets, which fails
+the collective at once. Either way
 the engine is then dead (:class:`EngineDeadError`, naming the rank and, when
 this process started it, its exit code); the engine's requests fail with that
 message and the executor kills what is left of its workers.
@@ -68,7 +69,6 @@ __all__ = ["EngineDeadError", "TensorParallelExecutor", "check_tensor_parallel_s
            "under_torchrun", "run_worker", "DEFAULT_TP_TIMEOUT_S"]
 
 DEFAULT_TP_TIMEOUT_S = 60.0
-_CONTROL_TIMEOUT = timedelta(days=24)  # an idle engine sends nothing; gloo keeps the milliseconds in 32 bits
 
 
 class EngineDeadError(RuntimeError):
@@ -114,31 +114,48 @@ def under_torchrun() -> bool:
 
 
 # ---------------------------------------------------------------------------
-# messages: one plan per step, over the control group
+# messages: one plan per step, through the group's key-value store
 # ---------------------------------------------------------------------------
 
-def _send(obj, group) -> None:
-    """Rank 0: broadcast a picklable object (its length, then its bytes)."""
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-    dist.broadcast(torch.tensor([payload.numel()], dtype=torch.long), group=group, group_src=0)
-    dist.broadcast(payload, group=group, group_src=0)
+class PlanChannel:
+    """Rank 0 posts each message under the next key of the group's TCP store; workers wait for it.
 
+    Posting never waits for a worker (a hung one cannot stall rank 0 here: the
+    next collective's timeout catches it), and an idle engine posts nothing
+    while its workers wait as long as it takes. A message is deleted one message
+    later, when every rank has used it (each step ends in a collective).
+    """
 
-def _receive(group):
-    """A worker: the next object rank 0 broadcasts."""
-    size = torch.empty(1, dtype=torch.long)
-    dist.broadcast(size, group=group, group_src=0)
-    payload = torch.empty(int(size), dtype=torch.uint8)
-    dist.broadcast(payload, group=group, group_src=0)
-    return pickle.loads(payload.numpy().tobytes())
+    def __init__(self, store, poll_s: float = 30.0):
+        self.store = dist.PrefixStore("servelab-plan", store)
+        self.n = 0
+        self.poll = timedelta(seconds=poll_s)
+
+    def send(self, obj) -> None:
+        self.store.set(f"m{self.n}", pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        if self.n:
+            self.store.delete_key(f"m{self.n - 1}")
+        self.n += 1
+
+    def receive(self):
+        key = f"m{self.n}"
+        while True:
+            try:
+                self.store.wait([key], self.poll)
+                break
+            except Exception as exc:  # noqa: BLE001 - a quiet engine: keep waiting; a gone one: leave
+                if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                    raise
+        self.n += 1
+        return pickle.loads(self.store.get(key))
 
 
 def _private_groups(rank: int, world: int, port: int, timeout_s: float, startup_s: float, host="127.0.0.1",
                     procs=()):
-    """A compute group (deadline ``timeout_s``) and a control group (no practical deadline)
-    on a TCP store of their own: not the process's default group, so one process may hold
-    several engines (tests, a notebook). Rank 0 waits for every worker to check in,
-    watching ``procs``: a worker that dies while starting fails the start at once."""
+    """A compute group (deadline ``timeout_s``) and a plan channel on a TCP store of their
+    own: not the process's default group, so one process may hold several engines (tests,
+    a notebook). Rank 0 waits for every worker to check in, watching ``procs``: a worker
+    that dies while starting fails the start at once."""
     store = dist.TCPStore(host, port, world, rank == 0, timeout=timedelta(seconds=startup_s),
                           wait_for_workers=False)
     if rank:
@@ -155,15 +172,15 @@ def _private_groups(rank: int, world: int, port: int, timeout_s: float, startup_
             time.sleep(0.02)
     compute = dist.ProcessGroupGloo(dist.PrefixStore("compute", store), rank, world,
                                     timedelta(seconds=timeout_s))
-    control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, world, _CONTROL_TIMEOUT)
-    return store, compute, control
+    return store, compute, PlanChannel(store)
 
 
 def _torchrun_groups(timeout_s: float):
-    """Under torchrun: the default group (from the environment) computes; a second one controls."""
+    """Under torchrun: the default group (from the environment) computes; its store carries the plans."""
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-    return None, dist.group.WORLD, dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+    from torch.distributed.distributed_c10d import _get_default_store
+    return None, dist.group.WORLD, PlanChannel(_get_default_store())
 
 
 # ---------------------------------------------------------------------------
@@ -199,7 +216,7 @@ def _serve(runner: ModelRunner, compute, control) -> None:
     """The worker loop: receive a plan, run it, until rank 0 says stop."""
     _gather(torch.tensor(_holdings(runner), dtype=torch.long), compute)
     while True:
-        msg = _receive(control)
+        msg = control.receive()
         kind = msg[0]
         if kind == "step":
             runner.execute(msg[1])
@@ -413,7 +430,7 @@ class TensorParallelExecutor:
         self.check_workers()
         t0 = time.perf_counter()
         try:
-            _send(("step", step), self.control)
+            self.control.send(("step", step))
             t1 = time.perf_counter()
             logits = self.runner.execute(step)
         except Exception as exc:  # noqa: BLE001 - a peer died or hung: the engine is dead
@@ -442,7 +459,7 @@ class TensorParallelExecutor:
         counters = comm_counters(self.runner.model)
         row = torch.tensor([counters["all_reduce_seconds"], counters["gather_seconds"]], dtype=torch.float64)
         try:
-            _send(("stats",), self.control)
+            self.control.send(("stats",))
             table = _gather(row, self.compute)
         except Exception as exc:  # noqa: BLE001
             self._lose(exc, "reading counters")
@@ -457,14 +474,15 @@ class TensorParallelExecutor:
 
     def _lose(self, exc, doing: str):
         """Name what went wrong, end every worker, raise :class:`EngineDeadError`."""
-        deadline = time.monotonic() + 1.0  # a worker that crashed is gone within moments
+        timed_out = exc is not None and "timed out" in str(exc).lower()
+        deadline = time.monotonic() + (0.0 if timed_out else 1.0)  # a crashed worker is gone within moments
         while self.procs and all(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
             time.sleep(0.02)
         gone = [f"worker rank {r + 1} (pid {p.pid}) {_describe_exit(p.exitcode)}"
                 for r, p in enumerate(self.procs) if not p.is_alive()]
         if gone:
             what = "; ".join(gone)
-        elif exc is not None and "timed out" in str(exc).lower():
+        elif timed_out:
             what = (f"a worker did not answer within timeout_s={self.timeout_s:g} s "
                     f"(hung, or far slower than rank 0)")
         else:
@@ -481,13 +499,13 @@ class TensorParallelExecutor:
     def _stop_workers(self, graceful: bool) -> None:
         if graceful and self.dead is None:
             try:
-                _send(("stop",), self.control)
+                self.control.send(("stop",))
             except Exception:  # noqa: BLE001 - they are ended below either way
                 pass
             deadline = time.monotonic() + 10.0
             for p in self.procs:
                 p.join(timeout=max(0.0, deadline - time.monotonic()))
-        _kill(self.procs)
+        _kill(self.procs, grace_s=2.0 if graceful else 0.0)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
