@@ -243,11 +243,8 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     if block_size < 1:
         raise ValueError(f"block_size must be a positive number of keys, got {block_size}")
-    k, v = _expand_for_queries(q, k, v)
+    k, v, scale = tiled_inputs(q, k, v, causal, scale)
     q_time, kv_time = q.shape[-2], k.shape[-2]
-    if causal and q_time > kv_time:
-        raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     qf = q.float()
     q_pos = torch.arange(kv_time - q_time, kv_time, device=q.device) if causal else None
     state = online_softmax_start(qf)
@@ -256,6 +253,18 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         k_pos = torch.arange(start, start + kb.shape[-2], device=q.device) if causal else None
         state = online_softmax_fold(state, qf, kb, vb, scale, q_pos, k_pos)
     return online_softmax_finish(state).to(q.dtype)
+
+
+def tiled_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None):
+    """``(k, v, scale)`` for a tiled attention loop: K/V heads paired with the query heads, the
+    causal shape checked (the queries are the last ``q_time`` of ``kv_time`` positions), and the
+    scale defaulted to ``1 / sqrt(head_dim)``. Shared by :func:`tiled_attention` and
+    :func:`servelab.kernels.flash_attention`."""
+    k, v = _expand_for_queries(q, k, v)
+    q_time, kv_time = q.shape[-2], k.shape[-2]
+    if causal and q_time > kv_time:
+        raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
+    return k, v, q.shape[-1] ** -0.5 if scale is None else scale
 
 
 def online_softmax_start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

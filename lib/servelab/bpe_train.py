@@ -60,6 +60,17 @@ def _count_chunks(text, pattern: str, special_tokens: Sequence[str]) -> tuple[Co
     return counts, n_chars
 
 
+def _token_id(vocab: list[bytes], id_of: dict[bytes, int], merged: bytes) -> tuple[int, bool]:
+    """The id of token ``merged``, added at the end of ``vocab`` if new: ``(id, added)``.
+    (Two merges can make the same bytes; the second reuses the first's id.)"""
+    new_id = id_of.get(merged)
+    if new_id is not None:
+        return new_id, False
+    id_of[merged] = len(vocab)
+    vocab.append(merged)
+    return id_of[merged], True
+
+
 def _train_incremental(chunk_counts: Counter, n_merges: int, progress: bool):
     vocab: list[bytes] = [bytes([b]) for b in range(256)]
     id_of: dict[bytes, int] = {tok: i for i, tok in enumerate(vocab)}
@@ -92,14 +103,9 @@ def _train_incremental(chunk_counts: Counter, n_merges: int, progress: bool):
                 if current > 0:
                     heapq.heappush(heap, (-current, a, b))  # stale entry: its count only went down
                 continue
-            merged = vocab[a] + vocab[b]
-            new_id = id_of.get(merged)
-            if new_id is None:
-                new_id = len(vocab)
-                vocab.append(merged)
-                id_of[merged] = new_id
-                if bar is not None:
-                    bar.update(1)
+            new_id, added = _token_id(vocab, id_of, vocab[a] + vocab[b])
+            if added and bar is not None:
+                bar.update(1)
             merges.append((a, b))
             touched: set = set()
             for wi in where.pop((a, b), ()):
@@ -148,12 +154,7 @@ def train_naive(text: str, vocab_size: int, pattern: str = GPT4_PATTERN, special
         if not counts:
             break
         (a, b), _ = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        merged = vocab[a] + vocab[b]
-        new_id = id_of.get(merged)
-        if new_id is None:
-            new_id = len(vocab)
-            vocab.append(merged)
-            id_of[merged] = new_id
+        new_id, _ = _token_id(vocab, id_of, vocab[a] + vocab[b])
         merges.append((a, b))
         words = [merge_pair(w, (a, b), new_id) for w in words]
     return merges

@@ -34,8 +34,7 @@ lives in :mod:`servelab.kernels_arith` and loads no torch; the measuring in
 """
 from __future__ import annotations
 
-import importlib
-
+from servelab._lazy import lazy_exports
 from servelab.kernels_arith import (  # noqa: F401  (torch-free: loaded at once)
     H100_L1_SMEM_PER_SM, H100_MAX_REGISTERS_PER_THREAD, H100_REGISTERS_PER_SM, H100_SMEM_PER_SM, H100_SMS, SEQUENCES,
     Op, bytes_moved, decode_attention_grid, tile_bytes,
@@ -56,11 +55,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # the torch half, imported only when asked for
-    if name not in _TORCH_NAMES:
-        raise AttributeError(f"module 'servelab.kernels' has no attribute {name!r}")
-    return getattr(importlib.import_module("servelab.kernels_measure"), name)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_TORCH_NAMES))
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_TORCH_NAMES, "servelab.kernels_measure"))

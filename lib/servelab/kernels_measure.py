@@ -147,8 +147,8 @@ def count_ops(fn: Callable[[], Any]) -> Counter:
 def decode_step(model, batch: int = 1, context: int = 16):
     """A repeatable decode step of ``model``: ``batch`` new tokens after ``context`` cached ones.
 
-    Returns a function that runs one step and crops the cache back, so every call is the same step.
-    The cache and the token ids live on the model's device.
+    Returns a function that runs one step and crops the cache back, so every call is the same step
+    (its ``cache`` attribute is the cache). The cache and the token ids live on the model's device.
     """
     dev = _model_device(model)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -164,6 +164,7 @@ def decode_step(model, batch: int = 1, context: int = 16):
         cache.crop(context)
         return logits
 
+    step.cache = cache
     return step
 
 
@@ -249,17 +250,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     returns the number of (query, key) block pairs computed and skipped and the
     largest live tile in elements.
     """
-    from servelab.attention import (_expand_for_queries, online_softmax_finish, online_softmax_fold,
-                                    online_softmax_start)
+    from servelab.attention import online_softmax_finish, online_softmax_fold, online_softmax_start, tiled_inputs
 
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"{name} must be a positive whole number, got {b!r}")
-    k, v = _expand_for_queries(q, k, v)
+    k, v, scale = tiled_inputs(q, k, v, causal, scale)
     q_time, kv_time = q.shape[-2], k.shape[-2]
-    if causal and q_time > kv_time:
-        raise ValueError(f"causal attention needs kv_time >= q_time, got {kv_time} keys for {q_time} queries")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     offset = kv_time - q_time            # query i sits at position offset + i
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     computed = skipped = 0

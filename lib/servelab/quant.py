@@ -45,8 +45,7 @@ this module loads no torch; the first torch name asked for imports its module.
 """
 from __future__ import annotations
 
-import importlib
-
+from servelab._lazy import lazy_exports
 from servelab.quant_formats import (  # noqa: F401  (torch-free: loaded at once)
     ALIASES, E4M3_MAX, FORMATS, FP4_E2M1_VALUES, FP4_EMAX, FP4_MAX, INT4_MAX, INT4_MIN, INT8_MAX,
     KERNEL_MAX_ROWS, SCHEMES, Format, bits_per_weight, get_format, memory_bound_step_seconds,
@@ -64,7 +63,6 @@ _TORCH_NAMES = {
                       "_random_rotation", "outlier_activations", "activation_outlier_errors",
                       "time_projection"),
 }
-_WHERE = {name: module for module, names in _TORCH_NAMES.items() for name in names}
 
 __all__ = [
     "Format", "FORMATS", "SCHEMES", "get_format", "bits_per_weight", "FP4_E2M1_VALUES",
@@ -77,12 +75,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # the torch halves, imported only when asked for
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servelab.quant' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"servelab.{module}"), name)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, {name: f"servelab.{module}" for module, names in _TORCH_NAMES.items()
+                                               for name in names})

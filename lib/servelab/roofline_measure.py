@@ -344,29 +344,20 @@ def measure_decode(model, batches: Sequence[int] = QUICK_BATCHES, context_tokens
     elem = next(model.parameters()).element_size()
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     weight_bytes_read = (params - (0 if tied else embed)) * elem
+    from servelab.kernels_measure import decode_step  # the one repeatable decode step
+
     rows = []
     device = str(next(model.parameters()).device)
-    g = torch.Generator(device=device).manual_seed(0)
     for batch in batches:
         _check_count("batch", batch)
-        cache = model.new_cache(batch_size=batch, max_len=context_tokens + 1)
-        cache.k.normal_(generator=g)
-        cache.v.normal_(generator=g)
-        cache.advance(context_tokens)
-        ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g, device=device)
-
-        def step():
-            with torch.inference_mode():
-                model(ids, cache=cache)
-            cache.crop(context_tokens)
-
+        step = decode_step(model, batch, context_tokens)
         seconds = time_call(step, repeats, statistic=statistic, device=device, clock=clock)
-        kv_bytes = 2 * cache.k[:, :, :, :context_tokens + 1].numel() * elem
+        kv_bytes = 2 * step.cache.k[:, :, :, :context_tokens + 1].numel() * elem
         ops = 2.0 * matmul_params * batch
         rows.append(_row("decode", "decode step", dtype, seconds, nbytes=weight_bytes_read + kv_bytes, ops=ops,
                          batch=batch, tokens_per_s=batch / seconds,
                          intensity=ops / (weight_bytes_read + kv_bytes), kv_bytes=kv_bytes, params=params))
-        del cache
+        del step
         if progress:
             progress()
     return rows
