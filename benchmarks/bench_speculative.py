@@ -129,13 +129,21 @@ def run_workload(target, tok, prompts, make_proposer, ks, params, repeats):
 
 
 def engine_fade(target, tok, prompts, batches, k, max_tokens, repeats):
-    """The same prompts through the engine at several concurrencies, with and
-    without prompt-lookup speculation (same engine settings otherwise), interleaved."""
+    """One set of requests through the engine at several concurrencies, with and
+    without prompt-lookup speculation (same engine settings otherwise), interleaved.
+
+    Every concurrency runs the same requests, the prompts cycled to ``max(batches)``
+    of them, with at most ``b`` running at once (``max_num_seqs``): only the
+    concurrency changes between rows, not the text.
+    """
     from servelab.engine import LLM
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    n_requests = max(batches)
+    if n_requests % len(prompts):
+        raise ValueError(f"{n_requests} requests do not cycle {len(prompts)} prompts evenly")
+    batch = [prompts[i % len(prompts)] for i in range(n_requests)]
     rows = []
     for b in batches:
-        batch = [prompts[i % len(prompts)] for i in range(b)]
         common = dict(max_num_seqs=max(b, 1), num_kv_blocks=max(64, b * 24))
         plain = LLM(target, tok, **common)
         fast = LLM(target, tok, speculative_config={"method": "ngram", "num_speculative_tokens": k,
@@ -152,8 +160,11 @@ def engine_fade(target, tok, prompts, batches, k, max_tokens, repeats):
             if [o.outputs[0].token_ids for o in a] != [o.outputs[0].token_ids for o in c]:
                 raise AssertionError("speculative engine tokens differ from plain")
         st = fast.engine.spec_decoder.stats
-        rows.append({"concurrency": b, "plain_s": tp, "spec_s": ts, "speedup": tp / ts,
-                     "acceptance_rate": st.acceptance_rate,
+        rows.append({"concurrency": b, "requests": n_requests, "plain_s": tp, "spec_s": ts,
+                     "speedup": tp / ts, "acceptance_rate": st.acceptance_rate,
+                     "drafted_rounds": len(st.proposal_lengths),
+                     "tokens_per_drafted_round": (st.accepted + len(st.proposal_lengths))
+                     / max(len(st.proposal_lengths), 1),
                      "tokens": sum(len(o.outputs[0].token_ids) for o in a) * repeats})
     return rows
 
@@ -255,12 +266,18 @@ def report(r: dict) -> str:
                          f"{row['predicted_tokens_per_pass']:.2f} | {row['acceptance_rate']:.2f} | "
                          f"{row['speedup']:.2f}x | {row['predicted_speedup']:.2f}x | {err:+.0%} | "
                          f"{row['predicted_speedup_bare']:.2f}x | {row['c_used']:.2f} | {row['v_used']:.2f} |")
-    lines += ["", f"Through the engine (prompt lookup, k = {r['k_main']}, the copy prompts repeated to "
-              "fill the batch, continuous batching, same settings with and without speculation; "
-              "whole-run wall time, prefill included):", "",
-              "| concurrent requests | speed-up | acceptance |", "|---|---|---|"]
-    for row in r.get("engine_fade", []):
-        lines.append(f"| {row['concurrency']} | {row['speedup']:.2f}x | {row['acceptance_rate']:.2f} |")
+    fade = r.get("engine_fade", [])
+    n_req = fade[0].get("requests", "?") if fade else "?"
+    lines += ["", f"Through the engine (prompt lookup, k = {r['k_main']}; the same {n_req} requests, "
+              "the copy prompts cycled, at every concurrency, at most that many running at once; "
+              "continuous batching, same settings with and without speculation; "
+              "whole-run wall time, prefill included; plain and speculative runs interleaved):", "",
+              "| at most at once | speed-up | acceptance | tokens per drafted round | plain s | speculative s |",
+              "|---|---|---|---|---|---|"]
+    for row in fade:
+        lines.append(f"| {row['concurrency']} | {row['speedup']:.2f}x | {row['acceptance_rate']:.2f} | "
+                     f"{row.get('tokens_per_drafted_round', float('nan')):.2f} | {row['plain_s']:.1f} | "
+                     f"{row['spec_s']:.1f} |")
     lines += ["", "Acceptance by position (k = %d):" % r["k_main"], ""]
     for name, sweep in r["workloads"].items():
         row = next((x for x in sweep if x["k"] == r["k_main"]), sweep[-1])

@@ -23,3 +23,6 @@ def test_quick_run_writes_results(tmp_path):
             assert row["tokens_per_pass"] >= 1 and 0 <= row["acceptance_rate"] <= 1
             assert row["speedup"] > 0 and row["predicted_speedup"] > 0
     assert "| edit_ngram |" in (tmp_path / "speculative.md").read_text()
+    fade = res["engine_fade"]   # the same requests at every concurrency
+    assert [r["concurrency"] for r in fade] == [1, 4]
+    assert len({r["requests"] for r in fade}) == 1 and len({r["tokens"] for r in fade}) == 1
