@@ -258,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine core in its own process (default), or as a thread of this one")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over this many processes (vLLM's flag); under torchrun, rank 0 "
+                        "serves HTTP and the other ranks serve as its workers")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -273,6 +276,12 @@ def main(argv=None) -> int:
                    num_kv_blocks=args.kv_blocks, block_size=args.block_size,
                    max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed, dtype=args.dtype)
+    if args.tensor_parallel_size != 1:
+        options["tensor_parallel_size"] = args.tensor_parallel_size
+        from servelab.engine.executor import under_torchrun
+        if under_torchrun() and int(os.environ["RANK"]) != 0:  # a torchrun worker rank: no HTTP here
+            build_engine(args.model, **options)  # serves rank 0's engine until it shuts down, then exits
+            return 0
     if args.engine_process:  # the engine core gets its own process (and interpreter lock)
         from servelab.server.client import EngineCoreClient
         torch.set_num_threads(1)
