@@ -32,6 +32,22 @@ MUTANTS = [
      'seats = math.floor(tpot / step_per_seq + 1e-9)', ''),
     ('q3', 'decoding starts at arrival', 'events += [(first, 1), (first + (output - 1) * tpot, -1)]',
      'events += [(arrival, 1), (first + (output - 1) * tpot, -1)]', ''),
+    ("q4", "prompts get the whole budget, as if decode tokens were free", "room = budget - len(rows) ",
+     "room = budget ", ""),
+    ("q4", "the first token stamped at the start of its step", "first[w[0]] = t - trace[w[0]][0]",
+     "first[w[0]] = t - step - trace[w[0]][0]", ""),
+    ("q4", "the gap timed over every step, even with no stream decoding",
+     "        if rows:                                      # someone",
+     "        if True:                                      # someone", ""),
+    ("q4", "one prompt per step", "            room -= take\n", "            room = 0\n", ""),
+    ("q4", "the percentile's rank rounded down", "rank = math.ceil(0.95 * len(trace))",
+     "rank = max(1, int(0.95 * len(trace)))", ""),
+    ("q4", "the largest budget that keeps both promises", "if best is None or (gap, budget) < (best[2], best[0]):",
+     "if best is None or budget > best[0]:", ""),
+    ("q4", "an output token too many", "                if trace[w[0]][2] > 1:\n                    decoding[w[0]] = trace[w[0]][2] - 1",
+     "                if True:\n                    decoding[w[0]] = trace[w[0]][2]", ""),
+    ("q4", "a tie goes to the budget listed first", "if best is None or (gap, budget) < (best[2], best[0]):",
+     "if best is None or gap < best[2]:", ""),
 ]
 
 

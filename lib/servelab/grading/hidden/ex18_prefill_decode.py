@@ -1,8 +1,12 @@
-"""Exercise 18 · Prefill meets decode: a chunk size for a gap target, a prefill:decode split. Hidden tests.
+"""Exercise 18 · Prefill meets decode: a chunk size for a gap target, a prefill:decode split, the split
+for a trace, and a chunked-prefill token budget for two promises. Hidden tests.
 
 Expected values come from :func:`servelab.sim.pools.largest_chunk` and
 :func:`servelab.sim.pools.best_split`, the functions chapter 18 uses.
 """
+import math
+import random
+
 from servelab.grading import Case, Question
 from servelab.sim.pools import best_split, largest_chunk
 
@@ -133,4 +137,116 @@ Q3 = Question(
     ],
 )
 
-QUESTIONS = [Q1, Q2, Q3]
+
+# --------------------------------------------------------------------------- Q4
+
+def _q4_serve(trace, budget, base_s, per_token_s):
+    """One budget: (nearest-rank p95 time to first token, the slowest step anyone waited through)."""
+    t, nxt = 0.0, 0
+    waiting = []                      # [request, prompt tokens still to prefill], first come first
+    decoding = {}                     # request -> tokens it has still to produce
+    first = [0.0] * len(trace)
+    worst_gap = 0.0
+    while nxt < len(trace) or waiting or decoding:
+        if not waiting and not decoding:
+            t = max(t, trace[nxt][0])                 # idle until the next arrival
+        while nxt < len(trace) and trace[nxt][0] <= t:
+            waiting.append([nxt, trace[nxt][1]])      # arrived by the step's start
+            nxt += 1
+        rows = list(decoding)                         # every stream decodes one token
+        room = budget - len(rows)                     # prompt chunks fill what is left
+        chunks = []
+        for w in waiting:
+            if room <= 0:
+                break
+            take = min(w[1], room)
+            chunks.append((w, take))
+            room -= take
+        step = base_s + per_token_s * (len(rows) + sum(take for _, take in chunks))
+        t += step
+        if rows:                                      # someone waited this step for a token
+            worst_gap = max(worst_gap, step)
+        for r in rows:
+            decoding[r] -= 1
+            if decoding[r] == 0:
+                del decoding[r]
+        for w, take in chunks:
+            w[1] -= take
+            if w[1] == 0:                             # prompt done: its first token, now
+                first[w[0]] = t - trace[w[0]][0]
+                if trace[w[0]][2] > 1:
+                    decoding[w[0]] = trace[w[0]][2] - 1
+        waiting = [w for w in waiting if w[1] > 0]
+    rank = math.ceil(0.95 * len(trace))
+    return sorted(first)[rank - 1], worst_gap
+
+
+def _choose_budget(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s):
+    """Reference: every budget simulated; of those that keep both promises, the shortest worst gap
+    (the smaller budget on a tie), with its p95 time to first token and worst gap."""
+    if not trace or not budgets or min(budgets) < 1:
+        raise ValueError("a trace and budgets of at least one token")
+    if base_s < 0 or per_token_s <= 0 or ttft_p95_s <= 0 or itl_s <= 0:
+        raise ValueError("costs and promises must be positive")
+    for k, (arrival, prompt, output) in enumerate(trace):
+        if prompt < 1 or output < 1 or (k and arrival < trace[k - 1][0]):
+            raise ValueError("prompts and outputs of at least one token, arrivals in order")
+    best = None
+    for budget in budgets:
+        ttft, gap = _q4_serve(trace, budget, base_s, per_token_s)
+        if ttft <= ttft_p95_s and gap <= itl_s:
+            if best is None or (gap, budget) < (best[2], best[0]):
+                best = (budget, ttft, gap)
+    return best
+
+
+def _q4_trace(seed, n, rate, prompt=(500, 3000), output=(50, 300)):
+    """Poisson arrivals at ``rate`` a second, uniform prompt and output lengths."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append((round(t, 3), rng.randint(*prompt), rng.randint(*output)))
+    return out
+
+
+def _c4(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s, label):
+    got = _choose_budget(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s)
+    return Case(args=(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s),
+                expected=None if got is None else list(got), rel=1e-9, abs=1e-12, label=label)
+
+
+_V = [(0.0, 3000, 40), (0.1, 3000, 40), (0.2, 500, 40), (0.3, 2000, 40), (0.5, 800, 40), (0.6, 1200, 40)]
+_B = [256, 512, 1024, 2048]
+_T = _q4_trace(3, 60, 4.0)
+_T2 = _q4_trace(11, 80, 6.0, prompt=(200, 4000), output=(1, 400))
+_MIX = [2048, 256, 1024, 512, 128]
+
+Q4 = Question(
+    id="q4", title="A chunked-prefill token budget for two promises", function="choose_budget",
+    points=6, level="hard", minutes=30, timeout=20.0,
+    visible=[_c4(_V, _B, 0.010, 3e-5, 0.25, 0.03, "six requests, first token p95 0.25 s, gaps 30 ms")],
+    hidden=[
+        _c4(_V, _B, 0.010, 3e-5, 0.15, 0.045, "a tighter first-token promise needs a larger budget"),
+        _c4(_V, _B, 0.010, 3e-5, 0.15, 0.04, "no budget keeps both (None)"),
+        _c4(_V, _B, 0.010, 3e-5, 1.0, 0.02, "a loose first-token promise: the smallest gaps"),
+        _c4(_V, [8192, 4096], 0.010, 3e-5, 1.0, 1.0, "two budgets larger than any step: the same gaps, the smaller"),
+        _c4(_T, _MIX, 0.010, 3e-5, 0.5, 0.03, "60 requests at 4 a second"),
+        _c4(_T, _MIX, 0.010, 3e-5, 0.2, 0.05, "60 requests, first token p95 0.2 s"),
+        _c4(_T, _MIX, 0.010, 3e-5, 0.16, 0.2, "60 requests, first token p95 0.16 s"),
+        _c4(_T2, [384, 768, 1536, 3072], 0.008, 2.5e-5, 0.6, 0.04, "80 requests, some of one output token"),
+        _c4(_T2, [384, 768, 1536, 3072], 0.008, 2.5e-5, 0.3, 0.06, "80 requests, first token p95 0.3 s"),
+        _c4([(0.0, 50, 300)] * 40 + [(0.05, 2000, 10)], [16, 64, 256, 1024], 0.01, 3e-5, 0.5, 0.05,
+            "40 streams at once: more decode rows than a small budget"),
+        _c4([(0.0, 1000, 5), (10.0, 1000, 5), (10.0, 3000, 1), (20.0, 10, 1)], [128, 512, 4096], 0.01, 3e-5,
+            1.0, 0.2, "idle between arrivals; a prompt with no one decoding beside it"),
+        Case(args=([], _B, 0.01, 3e-5, 1.0, 0.05), raises=ValueError, label="an empty trace"),
+        Case(args=(_V, [0, 256], 0.01, 3e-5, 1.0, 0.05), raises=ValueError, label="a budget of 0 tokens"),
+        Case(args=(_V, _B, 0.01, 0.0, 1.0, 0.05), raises=ValueError, label="tokens that cost nothing"),
+        Case(args=([(1.0, 10, 1), (0.5, 10, 1)], _B, 0.01, 3e-5, 1.0, 0.05), raises=ValueError,
+             label="arrivals out of order"),
+        Case(args=([(0.0, 0, 5)], _B, 0.01, 3e-5, 1.0, 0.05), raises=ValueError, label="an empty prompt"),
+    ],
+)
+
+QUESTIONS = [Q1, Q2, Q3, Q4]
