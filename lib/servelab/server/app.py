@@ -42,6 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from servelab.server import protocol
 from servelab.server.engine_loop import EngineLoop, Event
@@ -100,7 +101,7 @@ class _Stream(StreamingResponse):
             self._closed()
 
 
-def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bool = True):
+def create_app(engine, settings: ServerSettings | None = None):
     """The app over ``engine``: an :class:`~servelab.engine.LLMEngine` with a tokenizer
     (driven by a thread of this process: :class:`~servelab.server.engine_loop.EngineLoop`),
     or any :class:`~servelab.server.front.EngineFront`, such as
@@ -130,8 +131,7 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
     @asynccontextmanager
     async def lifespan(app):
         front.on_lost = engine_lost
-        if start_loop:
-            await front.start()
+        await front.start()
         yield
         await front.astop()
 
@@ -184,12 +184,16 @@ def create_app(engine, settings: ServerSettings | None = None, *, start_loop: bo
         if length is not None and length.isdigit() and int(length) > limit:
             raise APIError(413, f"the request body has {int(length):,} bytes; the limit is {limit:,} bytes "
                                 "(--max-body-bytes)", code="request_too_large")
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise APIError(413, f"the request body is over the limit of {limit:,} bytes "
-                                    "(--max-body-bytes)", code="request_too_large")
+        body = bytearray()
+        try:
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise APIError(413, f"the request body is over the limit of {limit:,} bytes "
+                                        "(--max-body-bytes)", code="request_too_large")
+        except ClientDisconnect:  # nobody is left to answer: no stack trace in the log for it
+            raise APIError(400, "the client disconnected before it sent the whole body",
+                           code="client_disconnected") from None
         try:
             return json.loads(body), len(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -48,7 +48,6 @@ import socket
 import sys
 import traceback
 
-from servelab.engine.sequence import LazyRequestOutput
 from servelab.server.engine_loop import EngineCounters, EngineLoop, Event
 from servelab.server.wire import frame, parse_frames
 
@@ -102,6 +101,8 @@ class EngineCore(EngineLoop):
 
     # -- sinks: events become entries of the step message ------------------------
     def _sink(self, rid: str, wants_logprobs: bool):
+        from servelab.engine.sequence import LazyRequestOutput as lazy  # torch: not at import
+
         def sink(event: Event) -> None:
             if event.kind == "error":
                 self._outbox.append((rid, "E", event.status, event.message, event.code))
@@ -118,7 +119,7 @@ class EngineCore(EngineLoop):
             times = m.token_times[len(m.token_times) - len(delta_ids):] if delta_ids else []
             # a running report is lazy (nothing built); a finished completion's is eager
             c = None
-            if wants_logprobs or not isinstance(out, LazyRequestOutput):
+            if wants_logprobs or not isinstance(out, lazy):
                 c = out.outputs[0] if len(out.outputs) == 1 else out.outputs[idx]
             lp = top = None
             if wants_logprobs and delta_ids and c.logprobs is not None:
