@@ -12,6 +12,7 @@ them too, since a deferred import back into the importer still ties the two
 modules together (issue 23's ``moe`` <-> ``parallel.experts`` was one).
 """
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 LIB = Path(__file__).resolve().parents[1] / "lib"
@@ -55,6 +56,7 @@ def _every_import(tree: ast.Module):
             yield node
 
 
+@lru_cache(maxsize=2)  # each test reads the same files once
 def import_graph(deferred: bool = False) -> dict[str, set[str]]:
     """Module -> the library modules it imports: at import time, or with ``deferred`` from anywhere."""
     files = {_module_name(p): p for p in ROOT.rglob("*.py")}
