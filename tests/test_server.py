@@ -13,27 +13,20 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from servelab.bpe import load_course_tokenizer
 from servelab.engine import LLM
-from servelab.model import LlamaConfig, LlamaModel
 from servelab.sampling import SamplingParams
 from servelab.server import (APIError, Limits, ServerSettings, ServerThread, build_engine,
                              create_app, encode_chat, parse_request, sse)
 from servelab.server.metrics import Histogram
 
+from server_builders import tiny_model
+
 MODEL = "tiny"
 TIMEOUT = httpx.Timeout(20.0)
-CONFIG = dict(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 PROMPTS = ["def add(a, b):", "The cache holds", "import numpy as np\n", "Once upon a time",
            "x = [1, 2, 3]", "SELECT * FROM", "Hello, world", "for i in range(10):"]
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    return LlamaModel(LlamaConfig(**CONFIG)).init_weights(std=0.3, seed=0).double().eval()
 
 
 @pytest.fixture(scope="module")

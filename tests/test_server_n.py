@@ -12,33 +12,11 @@ from servelab.engine import LLM
 from servelab.sampling import SamplingParams
 from servelab.server import ServerSettings, ServerThread, build_engine, create_app
 
-from test_server import MODEL, body, read_stream, tiny_model
+from server_builders import FAIL_SEED, fail_steps_of_seed, tiny_model
+from test_server import MODEL, body, read_stream
 
 TIMEOUT = httpx.Timeout(30.0)
 PROMPT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(6))  # > 2 blocks of 16
-
-
-FAIL_SEED = 4242  # a request with this seed breaks the engine's step once it has 2 tokens
-
-
-def fail_steps_of_seed(engine):
-    """Make ``engine.step()`` raise (a simulated kernel failure: the whole step fails)
-    while a request seeded ``FAIL_SEED`` has decoded two tokens."""
-    real = engine.step
-
-    def step():
-        if any(s.sampling_params.seed == FAIL_SEED and s.num_output_tokens >= 2
-               for s in engine.requests.values()):
-            raise RuntimeError("simulated kernel failure")
-        return real()
-    engine.step = step
-    return engine
-
-
-def failing_tiny_engine(model, **options):
-    """Builder run inside the core process: the tiny engine, failing for ``FAIL_SEED``."""
-    from test_server_process import tiny_engine
-    return fail_steps_of_seed(tiny_engine(model, **options))
 
 
 @pytest.fixture(scope="module", params=["thread", "process"])
@@ -48,7 +26,7 @@ def server(request):
         engine = fail_steps_of_seed(build_engine(tiny_model(), load_course_tokenizer(), num_kv_blocks=256))
     else:
         from servelab.server.client import EngineCoreClient
-        engine = EngineCoreClient("tiny", builder="test_server_n:failing_tiny_engine", num_kv_blocks=256,
+        engine = EngineCoreClient("tiny", builder="server_builders:failing_tiny_engine", num_kv_blocks=256,
                                   startup_timeout_s=120)
     with ServerThread(create_app(engine, ServerSettings(model_name=MODEL))) as srv:
         yield srv, engine, request.param

@@ -20,41 +20,19 @@ import pytest
 
 from servelab.engine import LLM
 from servelab.sampling import SamplingParams
-from servelab.server import ServerSettings, ServerThread, build_engine, create_app, launch
+from servelab.server import ServerSettings, ServerThread, create_app, launch
 from servelab.server.client import EngineCoreClient
 
-from test_server import MODEL, body, read_stream, tiny_model
+from server_builders import tiny_model
+from test_server import MODEL, body, read_stream
 
 TIMEOUT = httpx.Timeout(30.0)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_engine(model, **options):
-    """Builder run inside the core process (``builder="test_server_process:tiny_engine"``)."""
-    from servelab.bpe import load_course_tokenizer
-    return build_engine(tiny_model(), load_course_tokenizer(), **options)
-
-
-def picky_engine(model, **options):
-    """A tiny engine whose sampler breaks for seed-13 requests after their third token."""
-    import servelab.sampling as sampling
-    real = sampling.sample
-    calls = {"n": 0}
-
-    def picky(logits, params, generator=None):
-        if params.seed == 13:
-            calls["n"] += 1
-            if calls["n"] > 4:  # the admission dry run and three tokens pass
-                raise RuntimeError("this sampler broke on seed 13")
-        return real(logits, params, generator)
-
-    sampling.sample = picky
-    return tiny_engine(model, **options)
-
-
 def core(builder="tiny_engine", **options):
     options.setdefault("num_kv_blocks", 256)
-    return EngineCoreClient("tiny", builder=f"test_server_process:{builder}", startup_timeout_s=120,
+    return EngineCoreClient("tiny", builder=f"server_builders:{builder}", startup_timeout_s=120,
                             **options)
 
 

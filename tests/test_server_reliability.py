@@ -19,7 +19,8 @@ from servelab.engine import LLM
 from servelab.sampling import SamplingParams
 from servelab.server import ServerSettings, ServerThread, build_engine, create_app, launch
 
-from test_server import MODEL, tiny_model
+from server_builders import tiny_model
+from test_server import MODEL
 
 N_STREAMS = 500        # the figure, at full size
 N_DISCONNECTS = 100
@@ -46,7 +47,7 @@ def server(request, model, tok):
         engine = build_engine(model, tok, num_kv_blocks=512, max_num_seqs=64)
     else:
         from servelab.server.client import EngineCoreClient
-        engine = EngineCoreClient("tiny", builder="test_server_process:tiny_engine", num_kv_blocks=512,
+        engine = EngineCoreClient("tiny", builder="server_builders:tiny_engine", num_kv_blocks=512,
                                   max_num_seqs=64, startup_timeout_s=120)
     srv = ServerThread(create_app(engine, ServerSettings(model_name=MODEL, max_queued_requests=1000)))
     with srv:
@@ -176,7 +177,7 @@ def test_sigterm_refuses_new_requests_finishes_in_flight_ones_and_exits_zero():
         with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c, \
                 httpx.Client(base_url=server.url, timeout=TIMEOUT) as kept:
             assert kept.get("/health").status_code == 200  # this connection stays open
-            body = {"model": "servelab-main", "prompt": "def add(a, b):", "max_tokens": 600,
+            body = {"model": "servelab-main", "prompt": "def add(a, b):", "max_tokens": 300,
                     "temperature": 0, "ignore_eos": True, "stream": True}
             with c.stream("POST", "/v1/completions", json=body) as r:
                 lines = r.iter_lines()
