@@ -64,3 +64,30 @@ def fail_steps_of_seed(engine):
 def failing_tiny_engine(model=None, **options):
     """The tiny engine, failing its steps for ``FAIL_SEED``."""
     return fail_steps_of_seed(tiny_engine(model, **options))
+
+
+#: A request with this seed makes the engine unable to step (``dying_engine``).
+DEATH_SEED = 999
+
+
+def make_mortal(engine):
+    """Make the engine die as a tensor-parallel engine does when a worker is killed: once a
+    ``DEATH_SEED`` request runs, every step raises ``EngineDeadError`` and
+    ``engine.errored`` is True."""
+    from servelab.engine import EngineDeadError
+    real = engine.step
+
+    def step():
+        if getattr(engine.runner, "dead", None) is None and any(
+                s.sampling_params.seed == DEATH_SEED for s in engine.requests.values()):
+            engine.runner.dead = "rank 1 (pid 4242) was killed by SIGKILL"
+        if getattr(engine.runner, "dead", None) is not None:
+            raise EngineDeadError(f"tensor-parallel worker {engine.runner.dead}")
+        return real()
+    engine.step = step
+    return engine
+
+
+def dying_engine(model=None, **options):
+    """The tiny engine, dead for good once a ``DEATH_SEED`` request runs."""
+    return make_mortal(tiny_engine(model, **options))

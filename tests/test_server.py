@@ -460,6 +460,24 @@ def test_a_stopped_server_keeps_no_dispatcher(model, tok):
     assert not getattr(app_module, "_DISPATCHERS", {})
 
 
+def test_an_engine_that_cannot_step_any_more_is_an_engine_loss(model, tok):
+    """EngineDeadError (a tensor-parallel worker died) fails the step's requests, and since
+    the engine stays dead the loop stops: /health 503, new requests 503, on_lost says why."""
+    from server_builders import DEATH_SEED, make_mortal
+    srv, engine = serve(model, tok, ServerSettings(model_name=MODEL, exit_on_engine_loss=False),
+                        num_kv_blocks=32)
+    make_mortal(engine)
+    with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        assert c.post("/v1/completions", json=body(max_tokens=2)).status_code == 200
+        r = c.post("/v1/completions", json=body(temperature=0.8, seed=DEATH_SEED))
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+        assert "rank 1" in r.json()["error"]["message"]
+        assert wait_until(lambda: srv.app.state.engine_lost is not None)
+        assert "cannot step any more" in srv.app.state.engine_lost
+        assert c.get("/health").status_code == 503
+        assert c.post("/v1/completions", json=body()).json()["error"]["code"] == "engine_down"
+
+
 def test_prompt_larger_than_the_pool_is_400(model, tok):
     srv, engine = serve(model, tok, num_kv_blocks=4, block_size=16)  # 64 slots, context 256
     with srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:

@@ -196,6 +196,20 @@ def test_a_core_that_dies_is_logged_reaped_and_refused_before_any_200(caplog):
         assert "SIGKILL" in srv.app.state.engine_lost
 
 
+def test_an_engine_core_whose_engine_cannot_step_any_more_exits_1_and_says_why():
+    """EngineDeadError in the core: the step's requests fail (500, the reason), the core
+    tells the API side why and exits 1, and the server takes its engine-loss path."""
+    from server_builders import DEATH_SEED
+    client = core("dying_engine")
+    with serve(client, exit_on_engine_loss=False) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+        r = c.post("/v1/completions", json=body(temperature=0.8, seed=DEATH_SEED))
+        assert r.status_code == 500 and "rank 1" in r.json()["error"]["message"]
+        assert wait_until(lambda: srv.app.state.engine_lost is not None)
+        assert client.proc.returncode == 1
+        assert "exit code 1" in srv.app.state.engine_lost and "rank 1" in srv.app.state.engine_lost
+        assert c.get("/health").status_code == 503
+
+
 @pytest.mark.slow
 def test_the_server_exits_with_code_1_when_its_engine_core_dies():
     """So that a supervisor restarts it (``python -m servelab.server``, the committed model)."""

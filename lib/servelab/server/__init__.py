@@ -24,27 +24,16 @@ engine loop as a thread of the API server instead. Pieces, one per file:
 The names below load their module on first use, so the engine core's process
 (``python -m servelab.server.core``) imports neither FastAPI nor uvicorn.
 """
-import importlib
+from servelab._lazy import lazy_exports
 
 _EXPORTS = {
     "ServerSettings": "app", "create_app": "app", "sse": "app",
-    "EngineCoreClient": "client", "EngineFront": "front",
-    "EngineLoop": "engine_loop", "Event": "engine_loop",
+    "EngineCoreClient": "client", "EngineFront": "front", "build_engine": "core",
+    "EngineLoop": "engine_loop", "EngineLost": "engine_loop", "Event": "engine_loop",
     "APIError": "errors", "error_body": "errors",
     "ServerMetrics": "metrics",
     "Limits": "protocol", "ParsedRequest": "protocol", "encode_chat": "protocol", "parse_request": "protocol",
-    "ServerProcess": "runner", "ServerThread": "runner", "build_engine": "core", "free_port": "runner",
-    "launch": "runner",
+    "ServerProcess": "runner", "ServerThread": "runner", "free_port": "runner", "launch": "runner",
 }
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servelab.server' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"servelab.server.{module}"), name)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, {name: f"servelab.server.{m}" for name, m in _EXPORTS.items()})

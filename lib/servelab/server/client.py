@@ -165,6 +165,7 @@ class EngineCoreClient:
         self._alive = False
         self._draining = False
         self._bye: asyncio.Future | None = None
+        self._lost_reason: str | None = None  # why the core gave up, if it said so
 
     # -- what the app reads --------------------------------------------------------
     @property
@@ -307,6 +308,8 @@ class EngineCoreClient:
             how = f"killed by signal {-code}"
         reason = (f"the engine core (pid {self.proc.pid}) died ({how}); {failed} request(s) in it "
                   "failed")
+        if self._lost_reason:
+            reason = f"{reason}: {self._lost_reason}"
         log.critical("%s; this server cannot serve without it and exits with code 1, for a "
                      "supervisor to restart it", reason)
         if self.on_lost is not None:
@@ -335,6 +338,8 @@ class EngineCoreClient:
             if metrics is not None:
                 metrics.update_engine(counters.running, counters.waiting, counters.kv_blocks_used,
                                       counters.steps)
+        elif kind == "lost":  # the engine cannot step any more; the core exits next
+            self._lost_reason = msg[1]
         elif kind == "bye":
             if self._bye is not None and not self._bye.done():
                 self._bye.set_result(None)

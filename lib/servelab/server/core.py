@@ -48,7 +48,7 @@ import socket
 import sys
 import traceback
 
-from servelab.server.engine_loop import EngineCounters, EngineLoop, Event
+from servelab.server.engine_loop import EngineCounters, EngineLoop, EngineLost, Event
 from servelab.server.wire import frame, parse_frames
 
 __all__ = ["EngineCore", "build_engine", "core_main"]
@@ -96,7 +96,7 @@ class EngineCore(EngineLoop):
             msgs += parse_frames(self._buf)
             block = block and not msgs
 
-    def _sendframe(self, obj) -> None:
+    def _send_frame(self, obj) -> None:
         self.sock.sendall(frame(obj))
 
     # -- sinks: events become entries of the step message ------------------------
@@ -169,9 +169,22 @@ class EngineCore(EngineLoop):
     def _flush(self) -> None:
         entries, self._outbox = self._outbox, []
         aborts, self._aborts = self._aborts, []
-        self._sendframe(("step", self._counters(), entries, aborts))
+        self._send_frame(("step", self._counters(), entries, aborts))
 
-    def serve(self) -> None:
+    def serve(self) -> int:
+        """Serve until told to stop (0) or until the engine cannot step any more (1: the
+        API side hears why in a ``("lost", reason)`` frame, then sees the core exit)."""
+        try:
+            self._serve()
+        except EngineLost as exc:
+            self._flush()  # the step's requests have failed: their errors go out first
+            self._send_frame(("lost", str(exc)))
+            return 1
+        finally:
+            self._shutdown_engine()
+        return 0
+
+    def _serve(self) -> None:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests()
@@ -183,7 +196,7 @@ class EngineCore(EngineLoop):
                 self._abort_all(engine)
                 if not self._eof:
                     self._flush()
-                    self._sendframe(("bye",))
+                    self._send_frame(("bye",))
                 return
             if engine.has_unfinished_requests():
                 self._step()
@@ -221,13 +234,13 @@ def core_main(argv=None) -> int:
         sock.sendall(frame(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
         return 1
     sock.sendall(frame(("ready", info)))
-    EngineCore(engine, sock).serve()
-    # everything is said (the "bye" frame is out); skip the interpreter's teardown of torch
-    # and the model, which takes seconds on a small machine and holds up the server's exit
+    code = EngineCore(engine, sock).serve()
+    # everything is said (the "bye" or "lost" frame is out); skip the interpreter's teardown
+    # of torch and the model, which takes seconds on a small machine and holds up the exit
     sock.close()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-__all__ = ["EngineLoop", "Event", "AbortRecord", "EngineCounters"]
+__all__ = ["EngineLoop", "EngineLost", "Event", "AbortRecord", "EngineCounters"]
 
 log = logging.getLogger("servelab.server")
 
@@ -93,6 +93,12 @@ class _Dispatcher:
                 sink(event)
             except Exception:  # noqa: BLE001 - one gone client must not lose the others' events
                 log.debug("dropping an event for a gone client", exc_info=True)
+
+
+class EngineLost(Exception):
+    """The engine cannot step any more (``engine.errored``: a tensor-parallel worker died
+    or hung). Its requests have failed; the loop ends, and the server treats it as the
+    loss of its engine (/health 503, ``on_lost``: the server exits 1 for a supervisor)."""
 
 
 @dataclass
@@ -328,6 +334,8 @@ class EngineLoop:
                     log.error("abort after a failed step failed:\n%s", traceback.format_exc())
                 self._fail(rid, 500, f"the engine failed while running this request "
                                      f"({type(exc).__name__}: {exc}); retry it", "engine_error")
+            if getattr(self.engine, "errored", False):  # it will fail every step from now on
+                raise EngineLost(f"the engine cannot step any more: {type(exc).__name__}: {exc}") from exc
             return
         finally:
             self.steps += 1
@@ -362,10 +370,27 @@ class EngineLoop:
                 if engine.has_unfinished_requests():
                     self._step()
                 self._publish()
+        except EngineLost as exc:
+            log.critical("%s; the engine loop stops", exc)
+            self._lost(str(exc))
         except BaseException as exc:  # pragma: no cover - a bug in this loop
             log.critical("engine loop died:\n%s", traceback.format_exc())
-            for rid in list(self._tracked):
-                self._fail(rid, 500, "the engine loop stopped", "engine_error")
-            if self.on_lost is not None:
-                self.on_lost(f"the engine loop died: {type(exc).__name__}: {exc}")
+            self._lost(f"the engine loop died: {type(exc).__name__}: {exc}")
             raise
+        finally:
+            self._shutdown_engine()
+
+    def _lost(self, reason: str) -> None:
+        for rid in list(self._tracked):
+            self._fail(rid, 500, "the engine loop stopped", "engine_error")
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    def _shutdown_engine(self) -> None:
+        """Stop the engine's worker processes, if it has any (tensor parallel)."""
+        stop = getattr(self.engine, "shutdown", None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - ending anyway
+                log.error("engine shutdown failed:\n%s", traceback.format_exc())
