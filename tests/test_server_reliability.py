@@ -101,13 +101,19 @@ def wait_idle(srv, timeout_s=30.0):
     return False
 
 
-def test_many_concurrent_streams_complete_once_each_and_match_offline(server, model, tok):
-    srv, engine = server
-    loop = srv.app.state.engine_loop
+@pytest.fixture(scope="module")
+def offline(model, tok):
+    """The N_STREAMS prompts, their lengths, and LLM.generate's replies (once for both servers)."""
     ps = prompts(N_STREAMS, seed=1)
     lens = [random.Random(i).randint(1, 8) for i in range(N_STREAMS)]
     ref = LLM(model, tok, num_kv_blocks=512).generate(
         ps, [SamplingParams(temperature=0, max_tokens=n) for n in lens])
+    return ps, lens, ref
+
+
+def test_many_concurrent_streams_complete_once_each_and_match_offline(server, offline):
+    srv, engine = server
+    ps, lens, ref = offline
 
     async def go():
         limits = httpx.Limits(max_connections=N_STREAMS + 10, max_keepalive_connections=N_STREAMS + 10)
