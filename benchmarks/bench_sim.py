@@ -88,7 +88,8 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
                            if k in ("engine_fingerprint", "machine_key", "model", "calibration", "seconds",
                                     "cpu_seconds", "load_average_1min")})
-        model.meta["residuals_by_feature"] = residuals_by_feature(model, shapes, durs)
+        model.meta["residuals_by_feature"] = residuals_by_feature(model, shapes, durs,
+                                                                 decode_groups=check.run_groups(fit_runs))
     else:
         print("calibration sweep ...", flush=True)
         model, fit_runs = check.calibrate_here(quick=quick_cal, clock=clock)
@@ -134,7 +135,9 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
     res = {"model": model.to_dict(), "describe": model.describe(), "rows": rows,
            "fit_report": fit_report(model, shapes, durs),
            "held_out_report": fit_report(model, hshapes, hdurs) if hshapes else None,
-           "held_out_residuals_by_feature": residuals_by_feature(model, hshapes, hdurs) if hshapes else None,
+           "held_out_residuals_by_feature": residuals_by_feature(model, hshapes, hdurs,
+                                                                 decode_groups=check.run_groups(held_runs))
+           if hshapes else None,
            "engine_measured_at": {"git_commit": at.get("git_commit"), "machine": at.get("machine"),
                                   "clock": at.get("clock", clock), "engine_tree": at.get("engine_tree")},
            "repeats": repeats, "goal": {"worst": GOAL_WORST, "median": GOAL_MEDIAN}}

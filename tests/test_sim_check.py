@@ -88,3 +88,14 @@ def test_spread_check_reports_each_error_beside_the_spread():
     assert json.loads(json.dumps(c.to_dict()))["worst"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="repeats"):
         check.check_trace(None, None, repeats=0)
+
+
+def test_residuals_by_decode_groups_when_the_runs_recorded_them():
+    model = LinearStepModel(a=0.004, c_decode=1e-4)
+    shapes = [StepShape(0, 8, 800)] * 20 + [StepShape(64, 0, 0, 2080.0, 1, 64)] * 5
+    groups = [1] * 10 + [4] * 10 + [0] * 5
+    durs = [model.step_s(s) * (1.2 if g == 4 else 1.0) for s, g in zip(shapes, groups)]
+    res = residuals_by_feature(model, shapes, durs, decode_groups=groups)
+    rows = {r["bin"]: r["median_measured_over_predicted"] for r in res["decode groups (decode steps)"]}
+    assert rows == {"1": pytest.approx(1.0), "4-5": pytest.approx(1.2)}
+    assert "decode groups (decode steps)" not in residuals_by_feature(model, shapes, durs)

@@ -40,7 +40,7 @@ import numpy as np
 from servelab.machine import git_commit
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
-from servelab.sim.replay import plan_shape, trace_prompts
+from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
@@ -194,6 +194,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     refs: list[float] = []
 
     shapes: list[StepShape] = []
+    groups: list[int] = []  # decode groups per step (not on the wall clock)
 
     n = len(trace)
     arrival = trace.arrival_s.tolist()
@@ -222,6 +223,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                 plan = plans[-1]
                 if not plan.is_empty:
                     shapes.append(plan_shape(plan))
+                    groups.append(decode_groups(plan, cfg.block_size))
                     starts.append(vt)
                     ends.append(vt + dt)
                 vt += dt
@@ -281,6 +283,8 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     if refs:
         info["reference_s"] = [round(x, 7) for x in refs]
+    if groups:
+        info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
 
 

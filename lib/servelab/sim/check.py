@@ -34,7 +34,7 @@ from servelab.sim.sweep import residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
 __all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
-           "stale_reasons", "CACHE_ENV"]
+           "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -71,8 +71,15 @@ def calibrate_here(quick: bool = True, model_dir=None, clock: str = "cpu", say=p
         calibration="sweep (quick)" if quick else "sweep", seconds=round(time.perf_counter() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         load_average_1min=round(os.getloadavg()[0], 2),
-        residuals_by_feature=residuals_by_feature(model, shapes, durs))
+        residuals_by_feature=residuals_by_feature(model, shapes, durs, decode_groups=run_groups(runs)))
     return model, runs
+
+
+def run_groups(runs) -> list | None:
+    """Every step's decode-group count over ``runs`` (None unless every run recorded them)."""
+    if not runs or any("decode_groups" not in (r.info or {}) for r in runs):
+        return None
+    return [g for r in runs for g in r.info["decode_groups"]]
 
 
 def stale_reasons(model, model_dir=None) -> list[str]:

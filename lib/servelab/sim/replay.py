@@ -20,7 +20,7 @@ import numpy as np
 from servelab.sim.step_model import StepModel, StepShape, chunk_pairs
 from servelab.workload import Trace, trace_prompts  # noqa: F401 (trace_prompts: re-exported)
 
-__all__ = ["trace_prompts", "plan_shape", "replay_scheduler"]
+__all__ = ["trace_prompts", "plan_shape", "decode_groups", "replay_scheduler"]
 
 
 def plan_shape(plan) -> StepShape:
@@ -38,6 +38,14 @@ def plan_shape(plan) -> StepShape:
             pairs += chunk_pairs(start, n)
             pctx += start + n
     return StepShape(P, R, Kd, pairs, S, pctx)
+
+
+def decode_groups(plan, block_size: int = 16) -> int:
+    """How many groups the engine gathers a plan's decode rows in (rows of similar context
+    share one attention pass per layer: :func:`servelab.paged.group_decode_rows`)."""
+    from servelab.paged import group_decode_rows
+    ctx = sorted(s.start + 1 for s in plan.scheduled if s.num_new_tokens == 1)
+    return len(group_decode_rows(range(len(ctx)), ctx, block_size)) if ctx else 0
 
 
 def replay_scheduler(trace: Trace, step_model: StepModel, config, *, vocab_size: int = 4096, seed: int = 0):

@@ -77,14 +77,20 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     lengths = (16, 300, 900) if quick else (16, 120, 300, 600, 900)
     for r in rows:
         for length in lengths:
-            outs = rng_out.integers(4, 10 if quick else 14, r)
-            if not _fits(base, r, length + int(outs.max()), max_len):
-                continue
-            b.piece([(0.0, length, int(o), -1, 0) for o in outs])
-    # mixed steps: short streams decoding, then a prompt joins them
+            # contexts spread around the level (a third to five thirds of it), as a real batch's
+            # are: the engine gathers decode rows in groups of similar length, one pass per group
+            lens = np.maximum(rng_out.integers(length // 3, 5 * length // 3 + 1, r), 1)
+            outs = rng_out.integers(6, 16 if quick else 20, r)
+            if not _fits(base, r, int(lens.max()) + int(outs.max()), max_len):
+                lens = np.full(r, length)
+                if not _fits(base, r, length + int(outs.max()), max_len):
+                    continue
+            b.piece([(0.0, int(n), int(o), -1, 0) for n, o in zip(lens, outs)])
+    # mixed steps: streams of varied contexts decoding, then a prompt joins them
     for r in ((4, 16, 31) if quick else (2, 4, 8, 16, 24, 31)):
         for p in ((64, 480) if quick else (32, 64, 128, 256, 480)):
-            b.piece([(0.0, 16, 24, -1, 0)] * r + [(0.02, p, 4, -1, 0)])
+            lens = rng_out.integers(8, 300, r)
+            b.piece([(0.0, int(n), 24, -1, 0) for n in lens] + [(0.02 + 0.0005 * r, p, 4, -1, 0)])
     # prefix hits: a group sharing a long prefix, the first one alone, the rest together
     for r in ((4, 16) if quick else (2, 4, 8, 16, 24)):
         for pre in ((256,) if quick else (128, 512)):
@@ -97,7 +103,8 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     c = _Builder(seed + 1)  # long prompts cut into chunks while streams decode (long contexts)
     for r in ((4, 16) if quick else (2, 4, 8, 16, 24)):
         for p in ((400, 900) if quick else (300, 600, 900)):
-            c.piece([(0.0, 300, 30, -1, 0)] * r + [(0.05, p, 4, -1, 0)])
+            lens = rng_out.integers(100, 500, r)
+            c.piece([(0.0, int(n), 30, -1, 0) for n in lens] + [(0.05 + 0.002 * r, p, 4, -1, 0)])
     out["chunked"] = (c.trace(), SWEEP_CONFIGS["chunk128"])
 
     t = _Builder(seed + 2)  # preemption: the pool holds about two thirds of what the requests need
@@ -140,17 +147,34 @@ def _feature(name: str, s: StepShape):
     raise ValueError(name)
 
 
-def residuals_by_feature(model, shapes, durations, bins: dict | None = None, min_steps: int = 5) -> dict:
+#: Bins of the decode groups a step's decode rows were gathered in (recorded by the engine runs).
+GROUP_BINS = (1, 2, 3, 4, 6, 9)
+
+
+def residuals_by_feature(model, shapes, durations, bins: dict | None = None, min_steps: int = 5,
+                         decode_groups=None) -> dict:
     """Where ``model`` misses: per feature and bin (and per step kind), the number of steps,
-    the median of measured over predicted time and the ratio of their total times."""
-    bins = FEATURE_BINS if bins is None else bins
+    the median of measured over predicted time and the ratio of their total times.
+    ``decode_groups`` (one count per step, as :func:`~servelab.sim.calibrate.run_engine`
+    records them in ``info["decode_groups"]``) adds the feature "decode groups" for pure
+    decode steps: the engine attends each group of similar contexts in its own pass, a
+    cost the step model has no term for."""
+    bins = dict(FEATURE_BINS if bins is None else bins)
     shapes = list(shapes)
     y = np.asarray(durations, dtype=float)
     pred = np.array([model.step_s(s) for s in shapes])
     ratio = y / pred
+    groups = None
+    if decode_groups is not None and len(decode_groups) == len(shapes):
+        groups = np.array([g if not s.prefill_tokens and s.decode_rows else np.nan
+                           for g, s in zip(decode_groups, shapes)], dtype=float)
+        bins["decode groups (decode steps)"] = GROUP_BINS
     out = {}
     for name, edges in bins.items():
-        vals = np.array([np.nan if (v := _feature(name, s)) is None else v for s in shapes], dtype=float)
+        if name == "decode groups (decode steps)":
+            vals = groups
+        else:
+            vals = np.array([np.nan if (v := _feature(name, s)) is None else v for s in shapes], dtype=float)
         rows = []
         for lo, hi in zip(edges, (*edges[1:], np.inf)):
             m = (vals >= lo) & (vals < hi)
