@@ -199,6 +199,16 @@ def calibration_md(c: dict) -> list:
                          f"({r['total_measured_over_predicted']:.2f}) | "
                          + (f"{h['steps']:,} | {h['median_measured_over_predicted']:.2f} "
                             f"({h['total_measured_over_predicted']:.2f})" if h else "- | -") + " |")
+    worst_bins = sorted(((abs(r["total_measured_over_predicted"] - 1), feat, r) for feat, rows in hres.items()
+                         if feat != "step kind" for r in rows if r["steps"] >= 50), key=lambda x: -x[0])[:4]
+    if worst_bins:
+        lines += ["", "Where the held-out steps were mispriced most (total measured over total predicted time, "
+                  "bins of at least 50 steps): " + "; ".join(
+                      f"{feat} {r['bin']}: {r['total_measured_over_predicted']:.2f} over {r['steps']:,} steps"
+                      for _, feat, r in worst_bins) + ". The step model has no term for the number of decode "
+                  "groups (rows of similar context, attended in one pass each), which the engine runs record (the "
+                  "table's *decode groups* rows): where those bins stray from 1.00, a per-group cost is the next "
+                  "term to fit."]
     if held:
         lines += ["", "### Held-out trace families", "",
                   "Made by `benchmarks/make_sim_traces.py` (committed in `data/sim/traces/`); the calibration "

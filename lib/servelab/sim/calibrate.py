@@ -326,8 +326,11 @@ def prefault(llm) -> None:
             t.zero_()
 
 
-#: The files whose code the engine's step times depend on (checked for uncommitted edits).
-ENGINE_FILES = ("lib/servelab/model.py", "lib/servelab/paged.py", "lib/servelab/engine")
+def engine_files() -> tuple[str, ...]:
+    """The files whose code the engine's step times depend on (checked for uncommitted edits):
+    the step path of :func:`servelab.sim.fingerprint.step_path_files`, found by its imports."""
+    from servelab.sim.fingerprint import step_path_files
+    return tuple(str(p.relative_to(ROOT)) for p in step_path_files().values())
 
 
 def engine_tree_state() -> str:
@@ -337,7 +340,7 @@ def engine_tree_state() -> str:
     if os.environ.get("SERVELAB_GIT_COMMIT"):
         return "snapshot"
     try:
-        r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *ENGINE_FILES],
+        r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *engine_files()],
                            capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
