@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -128,12 +129,18 @@ def create_app(engine, settings: ServerSettings | None = None):
         if settings.exit_on_engine_loss and request_exit is not None:
             request_exit()
 
+    # One tokenizing thread: the tokenizer is Python and holds the interpreter lock while it
+    # works, so more threads would not tokenize faster; they would only take the lock from
+    # the event loop more often, and every stream would wait longer between its events.
+    tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-tokenize")
+
     @asynccontextmanager
     async def lifespan(app):
         front.on_lost = engine_lost
         await front.start()
         yield
         await front.astop()
+        tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="servelab", lifespan=lifespan)
     app.state.engine_loop = front
@@ -217,7 +224,8 @@ def create_app(engine, settings: ServerSettings | None = None):
         if size <= settings.inline_parse_bytes:
             req = protocol.parse_request(body, kind, tokenizer, limits)
         else:  # a long prompt takes a while to tokenize: not on the event loop, which serves every stream
-            req = await asyncio.to_thread(protocol.parse_request, body, kind, tokenizer, limits)
+            req = await asyncio.get_running_loop().run_in_executor(
+                tokenize_pool, protocol.parse_request, body, kind, tokenizer, limits)
             _check_open()
         # from this check to submit() nothing awaits: no other request can slip in between,
         # and submit() counts this one in flight at once
