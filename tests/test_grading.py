@@ -150,11 +150,33 @@ def test_grade_question_in_process_rules():
 
 
 def test_check_prints_and_never_raises(capsys):
-    assert check("ex11_seats.q1", lambda c, b: 131_072) is True
-    assert check("ex11_seats.q1") is False
-    assert check("ex11_seats.q9", print) is False
+    from servelab.grading import run_check
+    assert run_check("ex11_seats.q1", lambda c, b: 131_072) is True
+    assert run_check("ex11_seats.q1") is False
+    assert run_check("ex11_seats.q9", print) is False
     out = capsys.readouterr().out
-    assert "✅ q1" in out and "function not defined" in out and "no question" in out
+    assert "✅ Q1 · " in out and "function not defined" in out and "no question" in out
+
+
+def test_check_returns_none_so_a_notebook_cell_does_not_echo_true(capsys):
+    # a notebook shows a cell's last value: check's verdict is printed, not returned
+    assert check("ex11_seats.q1", lambda c, b: 131_072) is None
+    assert check("ex11_seats.q1") is None
+    out = capsys.readouterr().out
+    assert out.count("Q1 · ") == 2 and "True" not in out
+
+
+def test_check_counts_in_the_singular_and_takes_the_interview_numbering(capsys):
+    from servelab.grading import get_question, run_check
+    one = get_question("ex11_seats", "q1")
+    assert len(one.visible) + bool(one.visible_test) == 1
+    assert run_check("ex11_seats.q1", lambda c, b: 131_072, name="Question 3")
+    out = capsys.readouterr().out
+    assert out.startswith(f"✅ Question 3 · {one.title}: 1 visible check passed.") and "q1" not in out
+    q = Question(id="q", title="t", function="f", points=1, level="easy", minutes=1,
+                 visible=[Case(args=(1,), expected=1)], hidden=[Case(args=(2,), expected=2)])
+    assert grade_question(q, lambda x: x).reason == "passed 1 visible and 1 hidden checks"
+    assert grade_question(q, lambda x: x, include_hidden=False).reason == "passed 1 visible check"
 
 
 def test_merging_partials_through_exp_m_overflows_and_fails_only_that_case():

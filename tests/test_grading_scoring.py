@@ -153,3 +153,58 @@ def test_the_kernel_is_started_with_encryption_so_it_does_not_warn():
     import zmq
     client = grade._execute(nbformat.v4.new_notebook(), ROOT / "x.ipynb", 10, "python3")
     assert client.km.transport_encryption == ("auto" if zmq.has("curve") else "disabled")
+
+
+def test_a_cut_short_input_is_printed_in_full_so_the_failure_can_be_reproduced():
+    from servelab.grading import FULL_INPUT_LIMIT, get_question
+    from servelab.grading.hidden.ex18_prefill_decode import _T, _choose_budget
+
+    q4 = get_question("ex18_prefill_decode", "q4")
+
+    def off_on_long_traces(trace, *rest):
+        got = _choose_budget(trace, *rest)
+        return (got[0], got[1] * 1.01, got[2]) if got and len(trace) > 50 else got
+
+    interview = grade_question(q4, off_on_long_traces, interview=True)
+    practice = grade_question(q4, off_on_long_traces)
+    assert "..." in interview.reason and "60 requests" not in interview.reason + interview.detail
+    assert "60 requests" in practice.reason  # practice mode names the case by its label
+    for result in (interview, practice):  # both print the input in full, floats exact
+        assert result.detail == q4.hidden[4].full_input("choose_budget")
+        assert result.detail.startswith("choose_budget([(0.068, 2729, 83)") and repr(_T[-1]) in result.detail
+        assert f"{result.question}: the input in full: {result.detail}" in grade.format_table([result])
+    short = grade_question(_q(), lambda x: 0)
+    assert short.detail == "" and "the input in full" not in grade.format_table([short])
+    huge = Case(args=(list(range(FULL_INPUT_LIMIT)),), expected=0)
+    assert "too long to print" in grade_question(_q(visible=[huge], hidden=[]), lambda x: 1).detail
+
+
+def test_expected_values_have_the_sequence_types_the_questions_ask_for():
+    """A tuple the question asks for is expected as a tuple (and a list as a list), so a
+    failure never reads "expected [512, ...], got (512, ...)" like a type error; the worked
+    solutions return what the questions ask for."""
+    import copy
+
+    from servelab.grading import all_exercises
+
+    def kinds(got, expected, path="the result"):
+        if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+            if type(got) is not type(expected):
+                yield f"{path}: expected as a {type(expected).__name__}, the solution gives a {type(got).__name__}"
+            for i, (g, e) in enumerate(zip(got, expected)):
+                yield from kinds(g, e, f"{path}[{i}]")
+        elif isinstance(expected, dict) and isinstance(got, dict):
+            for k in expected.keys() & got.keys():
+                yield from kinds(got[k], expected[k], f"{path}[{k!r}]")
+
+    wrong = []
+    for exercise in all_exercises():
+        m = SolutionMutants(exercise)
+        functions = m.functions()
+        for q in m.questions.values():
+            for case in list(q.visible) + list(q.hidden):
+                if case.input_check:
+                    continue
+                got = functions[q.function](*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
+                wrong += [f"{exercise}.{q.id} {case.label}: {k}" for k in kinds(got, case.expected)]
+    assert not wrong, "\n".join(wrong[:10])

@@ -6,7 +6,7 @@ import pytest
 
 from servelab.grade import grade_notebook
 from servelab.grading import load_questions
-from servelab.interview import Pick, all_exercises, build_notebook, main, pick_questions
+from servelab.interview import Pick, all_exercises, build_notebook, grade_interview, main, pick_questions
 
 from mutants_common import ROOT
 
@@ -58,7 +58,9 @@ def test_the_notebook_grades_zero_blank_and_full_when_answered(tmp_path):
     assert "## Question 1 · Count adjacent pairs" in text and "check(\"ex03_sampling.q3\"" in text
     blank = tmp_path / "blank.ipynb"
     nbformat.write(nb, blank)
-    assert sum(r.points for r in grade_notebook(blank)) == 0
+    report, points, _ = grade_interview(blank)  # the table numbers rows as the interview does
+    assert points == 0 and "Question 1 · Count adjacent pairs [ex02_tokens.q1]" in report
+    assert "Question 2 · " in report and "[ex03_sampling.q3]" in report
     for exercise, function in (("ex02_tokens", "count_pairs"), ("ex03_sampling", "sample_token")):
         nb.cells.append(nbformat.v4.new_code_cell(_solution_source(exercise, function)))
     answered = tmp_path / "renamed copy.ipynb"
@@ -157,3 +159,21 @@ def test_grade_and_interview_import_in_one_direction():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.startswith("servelab.interview") for n in names), \
                 f"{path.relative_to(lib)} imports servelab.interview"
+
+
+def test_check_cells_use_the_interviews_numbering(capsys):
+    """An interview's check says "Question 2", not the exercise's "q3"."""
+    from servelab.interview import number_checks
+
+    nb = build_notebook(_picks(), "easy", 15, seed=1)
+    checks = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("check(")]
+    assert checks == ['check("ex02_tokens.q1", count_pairs, name="Question 1")',
+                      'check("ex03_sampling.q3", sample_token, name="Question 2")']
+    namespace = {}
+    exec(_solution_source("ex02_tokens", "count_pairs"), namespace)
+    exec("from servelab.grading import check\n" + checks[0], namespace)
+    out = capsys.readouterr().out
+    assert out.startswith("✅ Question 1 · Count adjacent pairs: 1 visible check passed.")
+    other = 'check("ex02_tokens.q2", apply_merge)'  # another question's call is left alone
+    assert number_checks(other, _picks()[0], 1) == other
+

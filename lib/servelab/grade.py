@@ -267,6 +267,9 @@ def format_table(results: list[Result]) -> str:
     lines = ["  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)) for row in rows]
     lines.insert(1, "-" * min(100, sum(widths) + 30))
     lines.append(f"total: {fmt_points(total)}/{most}")
+    for r in results:  # a failure's input in full, when its reason had to cut it short
+        if r.detail:
+            lines.append(f"{r.question}: the input in full: {r.detail}")
     return "\n".join(lines)
 
 

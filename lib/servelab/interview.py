@@ -28,7 +28,7 @@ import os
 import re
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.grading import Question, all_exercises, load_questions
@@ -157,6 +157,14 @@ def relink(markdown: str, source_dir: Path, out_dir: Path) -> str:
     return _LINK.sub(fix, markdown)
 
 
+def number_checks(code: str, pick: Pick, number: int) -> str:
+    """A check cell's ``check("ex05_attention.q4", f)`` as ``check("ex05_attention.q4", f,
+    name="Question 1")``, so its verdict uses the interview's numbering; other code as it is."""
+    target = re.escape(f"{pick.exercise}.{pick.question.id}")
+    call = re.compile(rf"""^(\s*check\(\s*["']{target}["']\s*,\s*[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$""", re.M)
+    return call.sub(rf'\1, name="Question {number}")', code)
+
+
 def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None = None,
                    exercises_dir: Path | None = None, out_dir: Path | None = None) -> dict:
     """The interview notebook (nbformat 4 JSON) for ``picks``, to be written in ``out_dir``
@@ -203,7 +211,7 @@ def build_notebook(picks: list[Pick], level: str, minutes: int, seed: int | None
                 text = f"## Question {k} · {p.question.title} (from {p.exercise})\n{rest}"
                 nb.cells.append(nbformat.v4.new_markdown_cell(relink(text, folder, out_dir)))
             elif cell["cell_type"] == "code":
-                nb.cells.append(nbformat.v4.new_code_cell(text))
+                nb.cells.append(nbformat.v4.new_code_cell(number_checks(text, p, k)))
             else:
                 nb.cells.append(nbformat.v4.new_markdown_cell(relink(text, folder, out_dir)))
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
@@ -241,14 +249,12 @@ def grade_interview(path: Path, cell_timeout: float = 10.0) -> tuple[str, int, i
     """Grade an interview notebook: (report text, points, most points)."""
     from servelab.grade import format_table, grade_notebook
 
-    from servelab.grading import Result
-
     results = grade_notebook(path, cell_timeout=cell_timeout)
     servelab_meta = json.loads(Path(path).read_text()).get("metadata", {}).get("servelab", {})
     asked = servelab_meta.get("questions", [])
-    if len(asked) == len(results):  # name each row by its exercise too
-        results = [Result(f"{ex}.{r.question}", r.title, r.points, r.max_points, r.passed, r.reason)
-                   for (ex, _), r in zip(asked, results)]
+    if len(asked) == len(results):  # the interview's numbering, and the exercise each comes from
+        results = [replace(r, question=f"Question {k} ·", title=f"{r.title} [{ex}.{r.question}]")
+                   for k, ((ex, _), r) in enumerate(zip(asked, results), 1)]
     meta = servelab_meta.get("interview", {})
     lines = [format_table(results)]
     if meta.get("started"):

@@ -9,7 +9,9 @@ express, a ``test`` callable that raises ``AssertionError`` with a one-line reas
 
 Inside a notebook, :func:`check` runs a question's *visible* cases and prints a
 friendly verdict; it never raises, so a notebook with unfinished stubs still runs
-top to bottom. ``python -m servelab.grade NOTEBOOK`` runs the *hidden* cases too.
+top to bottom, and it returns None, so a check cell shows the verdict and no ``True``
+(:func:`run_check` prints the same verdict and returns whether every check passed).
+``python -m servelab.grade NOTEBOOK`` runs the *hidden* cases too.
 """
 from __future__ import annotations
 
@@ -53,6 +55,12 @@ class Case:
         if self.label and show_label:
             return f"{function}({self.label})"
         parts = [_short_repr(a) for a in self.args] + [f"{k}={_short_repr(v)}" for k, v in self.kwargs.items()]
+        return f"{function}({', '.join(parts)})"
+
+    def full_input(self, function: str) -> str:
+        """``function(args)`` with every argument in full (no label, nothing cut off), so a
+        failure can be reproduced; it names no fix, so interviews show it too."""
+        parts = [_exact(a) for a in self.args] + [f"{k}={_exact(v)}" for k, v in self.kwargs.items()]
         return f"{function}({', '.join(parts)})"
 
 
@@ -115,6 +123,7 @@ class Result:
     reason: str
     math_passed: bool | None = None
     checks_passed: bool | None = None
+    detail: str = ""       # the failing case's input in full, when ``reason`` had to cut it short
 
     def __post_init__(self) -> None:
         if float(self.points).is_integer():
@@ -125,7 +134,7 @@ class Result:
     def as_dict(self) -> dict:
         return dict(question=self.question, title=self.title, points=self.points,
                     max_points=self.max_points, passed=self.passed, reason=self.reason,
-                    math_passed=self.math_passed, checks_passed=self.checks_passed)
+                    math_passed=self.math_passed, checks_passed=self.checks_passed, detail=self.detail)
 
 
 class GradingTimeout(BaseException):
@@ -185,6 +194,20 @@ def _show(value: Any) -> str:
     if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalars
         return _show(value.item())
     return clean(repr(value))
+
+
+def _exact(value: Any) -> str:
+    """Like :func:`_show`, but floats in full (``repr``), so the text reproduces the input."""
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_exact(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_exact(k)}: {_exact(v)}" for k, v in value.items()) + "}"
+    if hasattr(value, "tolist") and hasattr(value, "shape") and not isinstance(value, (bool, int)):
+        return _exact(value.tolist())  # numpy arrays and tensors (and numpy scalars: shape ())
+    return _show(value)
 
 
 def clean(text: str) -> str:
@@ -270,6 +293,22 @@ def _mismatch(where: str, got: Any, expected: Any, rel: float, abs_tol: float) -
     return head
 
 
+#: The longest input a failure message prints in full (a tokenizer's 60,000-character
+#: rank table is not worth printing; a trace of a hundred requests is).
+FULL_INPUT_LIMIT = 4000
+
+
+def input_detail(function_name: str, case: Case, show_label: bool = True) -> str:
+    """The failing case's input in full, for reproducing it, when the one-line reason showed
+    less (a label or cut-off arguments); "" when the reason already shows all of it."""
+    full = case.full_input(function_name)
+    if full == case.describe(function_name, show_label):
+        return ""
+    if len(full) > FULL_INPUT_LIMIT:
+        return f"(the input in full is {len(full):,} characters long: too long to print)"
+    return full
+
+
 def run_case(function_name: str, func: Callable, case: Case, show_label: bool = True) -> str | None:
     """Run one case; return None when it passes, else a one-line reason."""
     where = case.describe(function_name, show_label)
@@ -321,10 +360,11 @@ def grade_question(question: Question, func: Any, include_hidden: bool = True,
     has_checks = any(c.input_check for c in cases)
     math_points, _ = split_points(question.points, has_checks)
 
-    def result(points: float, reason: str, math_ok: bool = False, checks_ok: bool | None = None) -> Result:
+    def result(points: float, reason: str, math_ok: bool = False, checks_ok: bool | None = None,
+               detail: str = "") -> Result:
         return Result(question.id, question.title, points, question.points,
                       math_ok and checks_ok is not False, reason, math_ok,
-                      (checks_ok if math_ok else None) if has_checks else None)
+                      (checks_ok if math_ok else None) if has_checks else None, detail)
 
     if func is None:
         return result(0, missing or f"function not defined: write `def {question.function}(...)`")
@@ -332,16 +372,17 @@ def grade_question(question: Question, func: Any, include_hidden: bool = True,
         return result(0, f"{question.function} is a {type(func).__name__}, not a function")
     visible = set(map(id, question.visible))
     start = time.perf_counter()
-    check_failure = None
+    check_failure = check_detail = None
     try:
         with time_limit(question.timeout):
             for case in cases:
                 show = not interview or id(case) in visible
                 reason = run_case(question.function, func, case, show_label=show)
                 if reason and case.input_check:
-                    check_failure = check_failure or reason
+                    if not check_failure:
+                        check_failure, check_detail = reason, input_detail(question.function, case, show)
                 elif reason:
-                    return result(0, reason)
+                    return result(0, reason, detail=input_detail(question.function, case, show))
             behaviour = [question.visible_test] + ([question.test] if include_hidden else [])
             for test in (t for t in behaviour if t is not None):
                 try:
@@ -360,19 +401,20 @@ def grade_question(question: Question, func: Any, include_hidden: bool = True,
     elapsed = time.perf_counter() - start
     if check_failure:
         return result(math_points, f"math right ({fmt_points(math_points)} of {question.points} points); "
-                                   f"an input check failed: {check_failure}", True, False)
+                                   f"an input check failed: {check_failure}", True, False, check_detail)
     n_visible = len(question.visible) + (1 if question.visible_test else 0)
     hidden = (len(question.hidden) + (1 if question.test else 0)) if include_hidden else 0
-    text = f"passed {n_visible} visible" + (f" and {hidden} hidden" if include_hidden else "") + " checks"
+    text = f"passed {n_visible} visible" + (f" and {hidden} hidden" if include_hidden else "")
+    text += " check" if n_visible + hidden == 1 else " checks"
     return result(question.points, text + (f" in {elapsed:.1f} s" if elapsed > 1 else ""), True, True)
 
 
-def check(target: str, func: Any = _MISSING) -> bool:
-    """Run the visible checks of one question and print a friendly verdict.
+def run_check(target: str, func: Any = _MISSING, name: str | None = None) -> bool:
+    """Run the visible checks of one question, print a friendly verdict and return True
+    when all pass; never raises, so unfinished notebooks still run to the end.
 
-    ``check("ex11_seats.q1", kv_bytes_per_token)``. Returns True when all pass;
-    never raises, so unfinished notebooks still run to the end.
-    """
+    ``name`` is how the verdict calls the question: the exercise's ``Q4`` by default, an
+    interview's ``Question 1`` in a mock interview (``servelab.interview`` writes it)."""
     try:
         exercise, qid = target.split(".", 1)
         question = get_question(exercise, qid)
@@ -382,15 +424,28 @@ def check(target: str, func: Any = _MISSING) -> bool:
     if func is _MISSING:
         func = None
     verdict = grade_question(question, func, include_hidden=False)
+    heading = f"{name or question.id.upper()} · {question.title}"
     if verdict.passed:
         n = len(question.visible) + (1 if question.visible_test else 0)
-        print(f"✅ {question.id} {question.title}: {n} visible checks passed. "
-              f"The grader runs hidden ones too.")
+        checks = "1 visible check" if n == 1 else f"{n} visible checks"
+        print(f"✅ {heading}: {checks} passed. The grader runs hidden ones too.")
     else:
-        print(f"❌ {question.id} {question.title}: {verdict.reason}")
+        print(f"❌ {heading}: {verdict.reason}")
+        if verdict.detail:
+            print(f"   the input in full: {verdict.detail}")
     return verdict.passed
 
 
-__all__ = ["Case", "Question", "Result", "check", "grade_question", "load_questions", "get_question",
+def check(target: str, func: Any = _MISSING, name: str | None = None) -> None:
+    """Run the visible checks of one question and print a friendly verdict.
+
+    ``check("ex11_seats.q1", kv_bytes_per_token)``. Returns None, so a notebook cell
+    that ends with it shows the verdict and nothing else; :func:`run_check` is the same
+    with a True/False result. Never raises, so unfinished notebooks still run to the end.
+    """
+    run_check(target, func, name)
+
+
+__all__ = ["Case", "Question", "Result", "check", "run_check", "grade_question", "load_questions", "get_question",
            "GradingTimeout", "time_limit", "run_case", "clean", "first_difference", "split_points",
-           "fmt_points", "INPUT_SHARE"]
+           "fmt_points", "INPUT_SHARE", "input_detail", "FULL_INPUT_LIMIT"]

@@ -309,7 +309,7 @@ _S = list(range(101, 109))   # an 8-token system prompt
 
 def _c5(requests, num_blocks, block_size, label):
     return Case(args=(requests, num_blocks, block_size),
-                expected=[list(x) for x in _prefix_cache_run(requests, num_blocks, block_size)], label=label)
+                expected=[tuple(x) for x in _prefix_cache_run(requests, num_blocks, block_size)], label=label)
 
 
 Q5 = Question(

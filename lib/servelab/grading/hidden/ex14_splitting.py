@@ -136,7 +136,7 @@ def _pipeline_plan(layer_ms, layer_bytes, stages, card_bytes, microbatches):
     slowest = best[stages, n]
     # one micro-batch crosses every stage; after it, one leaves per slowest-stage time
     finish = t[n] + (microbatches - 1) * slowest
-    return [slowest, finish, 1 - microbatches * t[n] / (stages * finish)]
+    return (slowest, finish, 1 - microbatches * t[n] / (stages * finish))
 
 
 def _c5(*args, label=""):

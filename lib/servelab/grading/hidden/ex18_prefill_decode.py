@@ -213,7 +213,7 @@ def _q4_trace(seed, n, rate, prompt=(500, 3000), output=(50, 300)):
 def _c4(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s, label):
     got = _choose_budget(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s)
     return Case(args=(trace, budgets, base_s, per_token_s, ttft_p95_s, itl_s),
-                expected=None if got is None else list(got), rel=1e-9, abs=1e-12, label=label)
+                expected=None if got is None else tuple(got), rel=1e-9, abs=1e-12, label=label)
 
 
 _V = [(0.0, 3000, 40), (0.1, 3000, 40), (0.2, 500, 40), (0.3, 2000, 40), (0.5, 800, 40), (0.6, 1200, 40)]

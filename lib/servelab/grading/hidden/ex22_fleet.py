@@ -125,7 +125,7 @@ def _trace(seed, n, prefixes, rate, mean_s, none_share=0.1):
 
 def _c3(requests, replicas, slack, cache_slots, label):
     hits, served = _route_by_prefix(requests, replicas, slack, cache_slots)
-    return Case(args=(requests, replicas, slack, cache_slots), expected=[hits, served], label=label)
+    return Case(args=(requests, replicas, slack, cache_slots), expected=(hits, served), label=label)
 
 
 _V = [(0.0, "A", 4.0), (0.5, "A", 4.0), (1.0, "A", 4.0), (1.5, "B", 4.0), (2.0, "A", 4.0),
