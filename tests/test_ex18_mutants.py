@@ -48,6 +48,10 @@ MUTANTS = [
      "                if True:\n                    decoding[w[0]] = trace[w[0]][2]", ""),
     ("q4", "a tie goes to the budget listed first", "if best is None or (gap, budget) < (best[2], best[0]):",
      "if best is None or gap < best[2]:", ""),
+    ("q4", "a worst gap exactly at the promise breaks it (strict <)", "if ttft <= ttft_p95_s and gap <= itl_s:",
+     "if ttft <= ttft_p95_s and gap < itl_s:", ""),
+    ("q4", "a first-token p95 exactly at the promise breaks it (strict <)",
+     "if ttft <= ttft_p95_s and gap <= itl_s:", "if ttft < ttft_p95_s and gap <= itl_s:", ""),
 ]
 
 

@@ -87,6 +87,9 @@ def test_q3_mutants(old, new, why):
      "a tie goes to whichever pair came first"),
     ("used = params * bits(w) / 8 + seats * context", "used = params * bits(w) / 8 + context",
      "one seat's cache instead of every seat's"),
+    ("if used > card_bytes:", "if used >= card_bytes:", "a pair that fills the card to the byte does not fit"),
+    ("if best is None or choice < best:", "if best is None or choice[:2] < best[:2]:",
+     "a tie on loss and bytes goes to whichever pair came first, not the names"),
 ])
 def test_q4_mutants(old, new, why):
     fns = _mutant(old, new)

@@ -221,6 +221,10 @@ _B = [256, 512, 1024, 2048]
 _T = _q4_trace(3, 60, 4.0)
 _T2 = _q4_trace(11, 80, 6.0, prompt=(200, 4000), output=(1, 400))
 _MIX = [2048, 256, 1024, 512, 128]
+# Steps of 2^-7 s + 2^-15 s a token and arrivals on eighths of a second: every time is exact in
+# binary, so a budget can sit exactly on a promise whatever order an answer adds its times in.
+_EXACT = [(0.0, 3000, 40), (0.125, 3000, 40), (0.25, 500, 40), (0.375, 2000, 40), (0.5, 800, 40),
+          (0.625, 1200, 40)]
 
 Q4 = Question(
     id="q4", title="A chunked-prefill token budget for two promises", function="choose_budget",
@@ -240,6 +244,12 @@ Q4 = Question(
             "40 streams at once: more decode rows than a small budget"),
         _c4([(0.0, 1000, 5), (10.0, 1000, 5), (10.0, 3000, 1), (20.0, 10, 1)], [128, 512, 4096], 0.01, 3e-5,
             1.0, 0.2, "idle between arrivals; a prompt with no one decoding beside it"),
+        _c4(_EXACT, [256, 512, 1024], 2 ** -7, 2 ** -15, 0.2, 0.0234375,
+            "512's worst gap is exactly the promise (at most: it keeps it)"),
+        _c4(_EXACT, [256, 512, 1024], 2 ** -7, 2 ** -15, 0.25, 0.05,
+            "256's first-token p95 is exactly the promise (at most: it keeps it)"),
+        _c4([(0.0, 100, 1), (0.5, 3000, 1), (0.5, 200, 1)], [128, 1024], 0.01, 3e-5, 1.0, 0.001,
+            "no stream emits a second token: every worst gap is 0"),
         Case(args=([], _B, 0.01, 3e-5, 1.0, 0.05), raises=ValueError, label="an empty trace"),
         Case(args=(_V, [0, 256], 0.01, 3e-5, 1.0, 0.05), raises=ValueError, label="a budget of 0 tokens"),
         Case(args=(_V, _B, 0.01, 0.0, 1.0, 0.05), raises=ValueError, label="tokens that cost nothing"),
@@ -250,3 +260,5 @@ Q4 = Question(
 )
 
 QUESTIONS = [Q1, Q2, Q3, Q4]
+assert _q4_serve(_EXACT, 512, 2 ** -7, 2 ** -15)[1] == 0.0234375       # the boundary cases sit on
+assert _q4_serve(_EXACT, 256, 2 ** -7, 2 ** -15)[0] == 0.25            # their promises exactly

@@ -152,6 +152,14 @@ _70B = {"params": 70.6e9, "num_layers": 80, "num_kv_heads": 8, "head_dim": 128}
 _8B = {"params": 8.03e9, "num_layers": 32, "num_kv_heads": 8, "head_dim": 128}
 
 
+# nvfp4 weights (4.5 bits) and an fp8 cache for 16 seats of 8,192 tokens, to the byte (exact in
+# binary: every format's bits are a whole number plus a power-of-two fraction)
+_EXACT_FIT = 70.6e9 * 4.5 / 8 + 16 * 8192 * (2 * 80 * 8 * 128) * 8 / 8
+# two KV formats that cost the same bits and loss, the later name listed first
+_K_TIE = {"bf16": (16, 0, 0, 0.0), "fp8-e5m2": (8, 0, 0, 0.25), "fp8-e4m3": (8, 0, 0, 0.25),
+          "int4-g128": (4, 128, 16, 1.25)}
+
+
 def _c4(model, card, seats, context, label, weights=_W, kv=_K):
     return Case(args=(model, weights, kv, card, seats, context),
                 expected=_choose_formats(model, weights, kv, card, seats, context), label=label)
@@ -173,6 +181,9 @@ Q4 = Question(
         _c4(_8B, 40e9, 128, 8192, "8B, 128 seats, 40 GB"),
         _c4(_8B, 75e9, 256, 8192, "8B, 256 seats, 75 GB"),
         _c4(_8B, 180e9, 8, 8192, "8B, 8 seats, 180 GB: no need to quantize"),
+        _c4(_70B, _EXACT_FIT, 16, 8192, "70B, 16 seats: nvfp4 weights and an fp8 cache fill the card to the byte"),
+        _c4(_70B, 75e9, 16, 8192, "two fp8 caches tie on loss and bytes: the names decide (e4m3 before e5m2)",
+            kv=_K_TIE),
         Case(args=(_8B, _W, _K, 75e9, 0, 8192), raises=ValueError, label="no seats"),
         Case(args=(_8B, _W, _K, 75e9, 8, 0), raises=ValueError, label="no context"),
         Case(args=(dict(_8B, params=0), _W, _K, 75e9, 8, 8192), raises=ValueError, label="no parameters"),
@@ -182,3 +193,4 @@ Q4 = Question(
 
 QUESTIONS = [Q1, Q2, Q3, Q4]
 assert math.isclose(Q3.visible[0].expected, 8.03e9 * 2 / 3350e9 * 1e3)
+assert _choose_formats(_70B, _W, _K, _EXACT_FIT, 16, 8192) != _choose_formats(_70B, _W, _K, _EXACT_FIT - 1, 16, 8192)
