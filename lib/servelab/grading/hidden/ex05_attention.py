@@ -128,7 +128,7 @@ def _merge_case(seed, n_a, n_b, d=4, scale=1.0, label=""):
 
 Q4 = Question(
     id="q4", title="Merge two partial attention results (the online softmax)", function="merge_partials",
-    points=4, level="hard", minutes=15,
+    points=4, level="medium", minutes=15,
     visible=[Case(args=((1.0, 1.0, [2.0, 0.0]), (1.0, 1.0, [0.0, 4.0])), expected=(1.0, 2.0, [2.0, 4.0]), **TOL,
                   label="two blocks with the same maximum")],
     hidden=[
