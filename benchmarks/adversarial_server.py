@@ -11,7 +11,8 @@ engine core in its own process, as deployed) and throws at it, over real HTTP:
   arrays, nested objects inside a field, NaN and 1e400, a 2 MB body, no body);
 * wrong types and out-of-range values for every field the server reads;
 * limits (a 950 KB prompt, a 10,000-token prompt, ``max_tokens`` 10^9, ``n`` 17,
-  a 100,000-character stop string, a burst past the 429 limit);
+  a 100,000-character stop string, a burst past the 429 limit), and the longest
+  gap a running stream sees while long prompts are answered;
 * unicode (emoji, combining marks, right-to-left text, NUL, a lone surrogate,
   unicode stop strings), non-streamed and streamed;
 * disconnects (streams dropped after k events, non-streamed calls cancelled, a
@@ -118,14 +119,19 @@ def post_case(res: Results, client: httpx.Client, group: str, name: str, *, json
     return r
 
 
-async def stream_one(client: httpx.AsyncClient, b: dict, stop_after: int | None = None) -> dict:
-    """Stream one request; what came back: status, events, done, error, finish."""
+async def stream_one(client: httpx.AsyncClient, b: dict, stop_after: int | None = None,
+                     on_first=None) -> dict:
+    """Stream one request; what came back: status, events, done, error, finish.
+    ``on_first()`` is called once the answer's status, or its first event, is in."""
     out = {"status": None, "events": 0, "done": False, "error": None, "finish": None, "text": "",
            "shape_ok": True, "hung": False, "id": None}
     try:
         async with client.stream("POST", "/v1/completions", json=b) as r:
             out["status"] = r.status_code
             if r.status_code != 200:
+                if on_first is not None:
+                    on_first()
+                    on_first = None
                 data = await r.aread()
                 try:
                     out["shape_ok"] = error_shape_ok(json.loads(data))
@@ -136,6 +142,9 @@ async def stream_one(client: httpx.AsyncClient, b: dict, stop_after: int | None 
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
                     continue
+                if on_first is not None:
+                    on_first()
+                    on_first = None
                 data = line[6:]
                 if data == "[DONE]":
                     out["done"] = True
@@ -156,6 +165,8 @@ async def stream_one(client: httpx.AsyncClient, b: dict, stop_after: int | None 
         out["hung"] = True
     except httpx.HTTPError as exc:
         out["error"] = out["error"] or f"transport: {type(exc).__name__}"
+    if on_first is not None:  # it ended before its first event
+        on_first()
     return out
 
 
@@ -285,6 +296,54 @@ def limits(res: Results, c: httpx.Client, url: str) -> None:
             dt, hung="timeout" in codes, lost=sum(1 for s in codes if isinstance(s, str)))
 
 
+def long_prompts_while_streaming(res: Results, url: str, trials: int = 7) -> None:
+    """A 950 KB prompt (refused by its length, untokenized), then five 39 KB prompts of random
+    words at once (tokenized on the server's tokenizing thread, then refused: too many tokens),
+    each sent while a 120-token stream runs: the stream's longest gap between events while the
+    long prompts were answered, beside its gaps otherwise (median of ``trials`` runs)."""
+    import random
+    import statistics
+    rng = random.Random(0)
+    words = [" ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+                      for _ in range(6_000))[:39_000] for _ in range(5 * trials)]
+    # encoded up front: this client's own JSON encoding must not delay the events it times
+    b950 = json.dumps(body(prompt="word " * 190_000)).encode()
+    b39 = [json.dumps(body(prompt=w)).encode() for w in words]
+    hdrs = {"content-type": "application/json"}
+
+    async def trial(bodies):
+        async with httpx.AsyncClient(base_url=url, timeout=CALL_TIMEOUT_S) as ac:
+            times: list[float] = []
+
+            async def watch():
+                b = body(max_tokens=120, ignore_eos=True, stream=True)
+                async with ac.stream("POST", "/v1/completions", json=b) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            times.append(time.perf_counter())
+            w = asyncio.create_task(watch())
+            while len(times) < 20:
+                await asyncio.sleep(0.01)
+            t0 = time.perf_counter()
+            rs = await asyncio.gather(*(ac.post("/v1/completions", content=b, headers=hdrs) for b in bodies))
+            t1 = time.perf_counter()
+            await w
+        gaps = [(a, b - a) for a, b in zip(times, times[1:])]
+        during = max((g for a, g in gaps if a + g >= t0 and a <= t1), default=0.0)
+        outside = [g for a, g in gaps if not (a + g >= t0 and a <= t1)]
+        ok = all(r.status_code == 400 and error_shape_ok(r.json()) for r in rs)
+        return ok, t1 - t0, during, statistics.median(outside), max(outside)
+
+    for label, make in [("a 950 KB prompt", lambda i: [b950]),
+                        ("five 39 KB prompts at once", lambda i: b39[5 * i:5 * i + 5])]:
+        rows = [asyncio.run(trial(make(i))) for i in range(trials)]
+        med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+        res.add("limits", f"{label} while a stream runs ({trials} runs)", all(r[0] for r in rows), "400",
+                f"answered in {med(1) * 1e3:.0f} ms; the stream's longest gap meanwhile {med(2) * 1e3:.0f} ms "
+                f"(otherwise: median gap {med(3) * 1e3:.0f} ms, longest {med(4) * 1e3:.0f} ms; medians of the "
+                f"runs)", med(1))
+
+
 def unicode(res: Results, c: httpx.Client, url: str) -> None:
     g = "unicode"
     for name, prompt in [("emoji", "Translate 🙂🚀👩‍👩‍👧 into words:"), ("combining marks", "e\u0301\u0302\u0303 Z\u0335\u0336"),
@@ -390,45 +449,14 @@ async def _streams_then(url: str, action, max_tokens) -> tuple[list, list]:
         started = asyncio.Event()
         counts = {"first": 0}
 
+        def first():
+            counts["first"] += 1
+            if counts["first"] == STREAMS:
+                started.set()
+
         async def one(k):
             b = body(prompt=f"item {k}:", max_tokens=max_tokens(k), ignore_eos=True, stream=True)
-            out = {"status": None, "done": False, "error": None, "finish": None, "shape_ok": True, "hung": False,
-                   "events": 0}
-            try:
-                async with ac.stream("POST", "/v1/completions", json=b) as r:
-                    out["status"] = r.status_code
-                    if r.status_code != 200:
-                        out["shape_ok"] = error_shape_ok(json.loads(await r.aread()))
-                        out["error"] = "http"
-                        counts["first"] += 1
-                        if counts["first"] == STREAMS:
-                            started.set()
-                        return out
-                    first = True
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: "):
-                            continue
-                        if first:
-                            first = False
-                            counts["first"] += 1
-                            if counts["first"] == STREAMS:
-                                started.set()
-                        data = line[6:]
-                        if data == "[DONE]":
-                            out["done"] = True
-                            continue
-                        ev = json.loads(data)
-                        out["events"] += 1
-                        if "error" in ev:
-                            out["error"] = ev["error"].get("code")
-                            out["shape_ok"] = out["shape_ok"] and error_shape_ok(ev)
-                        for ch in ev.get("choices", []):
-                            out["finish"] = ch.get("finish_reason") or out["finish"]
-            except httpx.TimeoutException:
-                out["hung"] = True
-            except httpx.HTTPError as exc:
-                out["error"] = out["error"] or f"transport: {type(exc).__name__}"
-            return out
+            return await stream_one(ac, b, on_first=first)
 
         tasks = [asyncio.create_task(one(k)) for k in range(STREAMS)]
         await asyncio.wait_for(started.wait(), CALL_TIMEOUT_S)
@@ -575,6 +603,7 @@ def main(argv=None) -> int:
             print("malformed bodies"), malformed(res, c)
             print("wrong types"), wrong_types(res, c)
             print("limits"), limits(res, c, server.url)
+            long_prompts_while_streaming(res, server.url)
             print("unicode"), unicode(res, c, server.url)
         print("disconnects"), disconnects(res, server.url, host, port)
         print("concurrency"), concurrent(res, server.url)
