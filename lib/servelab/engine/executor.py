@@ -63,7 +63,8 @@ import torch.distributed as dist
 from servelab.engine.model_runner import ModelRunner, StepInput
 from servelab.model import LlamaConfig, LlamaModel, load_config
 from servelab.parallel.launch import free_port
-from servelab.parallel.tensor import build_shard, comm_counters, load_shard, shard_config, shard_state_dict
+from servelab.parallel.tensor import (build_shard, comm_counters, load_shard, record_collectives, shard_config,
+                                      shard_state_dict)
 
 __all__ = ["EngineDeadError", "TensorParallelExecutor", "check_tensor_parallel_size", "valid_tensor_parallel_sizes",
            "under_torchrun", "run_worker", "DEFAULT_TP_TIMEOUT_S"]
@@ -126,7 +127,7 @@ class PlanChannel:
     later, when every rank has used it (each step ends in a collective).
     """
 
-    def __init__(self, store, poll_s: float = 30.0):
+    def __init__(self, store, poll_s: float = 3600.0):
         self.store = dist.PrefixStore("servelab-plan", store)
         self.n = 0
         self.poll = timedelta(seconds=poll_s)
@@ -212,14 +213,27 @@ def _holdings(runner: ModelRunner) -> list[int]:
     return [runner.kv_pool_bytes, weights, cfg.num_attention_heads, cfg.num_key_value_heads]
 
 
-def _serve(runner: ModelRunner, compute, control) -> None:
-    """The worker loop: receive a plan, run it, until rank 0 says stop."""
+def _serve(runner: ModelRunner, compute, control, rank: int) -> None:
+    """The worker loop: receive a plan, run it, until rank 0 says stop.
+
+    Every message but the last ends in something rank 0 waits for (a collective,
+    or a posted log), so rank 0 knows it was read before it deletes it.
+    """
     _gather(torch.tensor(_holdings(runner), dtype=torch.long), compute)
+    log: list = []
     while True:
         msg = control.receive()
         kind = msg[0]
         if kind == "step":
             runner.execute(msg[1])
+        elif kind == "record":
+            log = record_collectives(runner.model, msg[1])
+            _gather(torch.zeros(1), compute)
+        elif kind == "probe":
+            _probe(compute, msg[1], msg[2])
+        elif kind == "log":
+            control.store.set(f"log/{rank}/{msg[1]}", pickle.dumps(log))
+            log.clear()
         elif kind == "stats":
             counters = comm_counters(runner.model)
             row = torch.tensor([counters["all_reduce_seconds"], counters["gather_seconds"]], dtype=torch.float64)
@@ -228,6 +242,23 @@ def _serve(runner: ModelRunner, compute, control) -> None:
             return
         else:  # pragma: no cover - a bug in rank 0
             raise RuntimeError(f"unknown message {kind!r}")
+
+
+def _probe(group, sizes: list[int], repeats: int) -> list[dict]:
+    """Time gloo's all-reduce on ``group`` at each size (fp32 messages), the ranks lined up
+    by a one-number all-reduce before each timed call; every rank runs it, rank 0 keeps its times."""
+    out = []
+    one = torch.zeros(1)
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4))
+        times = []
+        for _ in range(repeats):
+            dist.all_reduce(one, group=group)
+            t0 = time.perf_counter()
+            dist.all_reduce(x, group=group)
+            times.append(time.perf_counter() - t0)
+        out.append({"bytes": x.numel() * 4, "median_s": sorted(times)[len(times) // 2], "min_s": min(times)})
+    return out
 
 
 def _die_with_parent() -> None:
@@ -247,7 +278,7 @@ def _spawned_worker(rank: int, world: int, port: int, source: dict, options: dic
         store, compute, control = _private_groups(rank, world, port, options["timeout_s"], options["startup_s"])
         runner = _build_runner(source, rank, world, options, compute)
         with torch.inference_mode():
-            _serve(runner, compute, control)
+            _serve(runner, compute, control, rank)
     except BaseException:  # noqa: BLE001 - rank 0 reads why
         Path(err_dir, f"rank{rank}.err").write_text(traceback.format_exc())
         os._exit(1)
@@ -270,7 +301,7 @@ def run_worker(model, *, dtype="float32", kv_dtype=None, num_kv_blocks: int, blo
     runner = _build_runner({"kind": "path", "path": str(model)}, rank, world, options, compute)
     with torch.inference_mode():
         try:
-            _serve(runner, compute, control)
+            _serve(runner, compute, control, rank)
         except RuntimeError:  # rank 0 went away: nothing left to serve
             pass
 
@@ -464,6 +495,50 @@ class TensorParallelExecutor:
         except Exception as exc:  # noqa: BLE001
             self._lose(exc, "reading counters")
         return [tuple(r) for r in table.tolist()]
+
+    def record_collectives(self, on: bool = True) -> None:
+        """Every rank starts (or stops) logging each collective call: see :meth:`collective_logs`."""
+        self.check_workers()
+        try:
+            self.control.send(("record", on))
+            self._log = record_collectives(self.runner.model, on)
+            _gather(torch.zeros(1), self.compute)
+        except Exception as exc:  # noqa: BLE001
+            self._lose(exc, "starting a log")
+
+    def probe_all_reduce(self, sizes, repeats: int = 10) -> list[dict]:
+        """gloo's all-reduce timed on the engine's own processes and group, between steps:
+        per size, ``bytes``, ``median_s`` and ``min_s`` on rank 0 (each call after the ranks
+        line up). What chapter 15's alpha-beta model is fitted on."""
+        self.check_workers()
+        sizes = [int(x) for x in sizes]
+        try:
+            self.control.send(("probe", sizes, int(repeats)))
+            return _probe(self.compute, sizes, int(repeats))
+        except Exception as exc:  # noqa: BLE001
+            self._lose(exc, "timing the all-reduce")
+
+    def collective_logs(self) -> list[list[tuple[str, float, int]]]:
+        """Each rank's log since the last call: ``logs[rank][i] = (kind, seconds, bytes)``.
+
+        The ranks make the same calls in the same order, so ``logs[r][i]`` is the
+        same call on every rank. A call's time on the rank that arrived last is
+        the transfer alone; the others also waited for that rank.
+        """
+        self.check_workers()
+        tag = self._log_tag = getattr(self, "_log_tag", -1) + 1
+        logs = [list(getattr(self, "_log", []))]
+        try:
+            self.control.send(("log", tag))
+            for r in range(1, self.world_size):
+                key = f"log/{r}/{tag}"
+                logs.append(pickle.loads(self.control.store.get(key)))
+                self.control.store.delete_key(key)
+        except Exception as exc:  # noqa: BLE001
+            self._lose(exc, "reading the logs")
+        if hasattr(self, "_log"):
+            self._log.clear()
+        return logs
 
     # -- faults and the end --------------------------------------------------------
     def _worker_errors(self) -> str:

@@ -35,7 +35,7 @@ from servelab.parallel.launch import DEFAULT_TIMEOUT_S, launch
 __all__ = [
     "shard_config", "shard_plan", "shard_state_dict", "load_shard", "build_shard",
     "RowParallelLinear", "VocabParallelHead", "tensor_parallel_logits", "tensor_parallel_generate",
-    "run_tensor_parallel", "comm_counters",
+    "run_tensor_parallel", "comm_counters", "record_collectives",
 ]
 
 
@@ -206,15 +206,20 @@ class RowParallelLinear(nn.Module):
         self.calls = 0
         self.bytes = 0
         self.seconds = 0.0
+        self.log: list | None = None  # a list: every call appends (seconds, bytes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if self.group is not None or (dist.is_available() and dist.is_initialized()):
             t0 = time.perf_counter()
             dist.all_reduce(y, group=self.group)
-            self.seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.seconds += seconds
             self.calls += 1
-            self.bytes += y.numel() * y.element_size()
+            nbytes = y.numel() * y.element_size()
+            self.bytes += nbytes
+            if self.log is not None:
+                self.log.append((seconds, nbytes))
         return y if self.bias is None else y + self.bias
 
 
@@ -230,6 +235,7 @@ class VocabParallelHead(nn.Module):
         self.calls = 0
         self.bytes = 0
         self.seconds = 0.0
+        self.log: list | None = None  # a list: every call appends (seconds, bytes sent)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight)
@@ -241,9 +247,13 @@ class VocabParallelHead(nn.Module):
         parts = [torch.empty_like(padded) for _ in self.bounds]
         t0 = time.perf_counter()
         dist.all_gather(parts, padded.contiguous(), group=self.group)
-        self.seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
         self.calls += 1
-        self.bytes += padded.numel() * padded.element_size() * (len(self.bounds) - 1)
+        nbytes = padded.numel() * padded.element_size() * (len(self.bounds) - 1)
+        self.bytes += nbytes
+        if self.log is not None:
+            self.log.append((seconds, nbytes))
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(parts, self.bounds)], dim=-1)
 
 
@@ -265,6 +275,30 @@ def build_shard(config: LlamaConfig, shard_state: dict[str, torch.Tensor], rank:
     model = model.to(dtype)
     model.load_state_dict(shard_state, strict=True)
     return model.eval()
+
+
+def record_collectives(model: LlamaModel, on: bool = True) -> list:
+    """Start (or stop) logging every collective call of this rank's shard; returns the log.
+
+    The log is one list, in call order: ``("all_reduce" | "gather", seconds, bytes)``.
+    Every rank makes the same calls in the same order, so the logs of two ranks
+    line up call by call.
+    """
+    log: list = []
+    for m in model.modules():
+        if isinstance(m, (RowParallelLinear, VocabParallelHead)):
+            m.log = _KindLog(log, "all_reduce" if isinstance(m, RowParallelLinear) else "gather") if on else None
+    return log
+
+
+class _KindLog:
+    """Appends ``(kind, seconds, bytes)`` to a shared list."""
+
+    def __init__(self, log: list, kind: str):
+        self.shared, self.kind = log, kind
+
+    def append(self, item) -> None:
+        self.shared.append((self.kind, *item))
 
 
 def comm_counters(model: LlamaModel) -> dict[str, float]:

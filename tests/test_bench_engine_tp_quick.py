@@ -1,0 +1,25 @@
+"""benchmarks/bench_engine_tp.py --quick runs in seconds and writes its report (into a temp dir)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_engine_tp_quick(tmp_path):
+    if not (ROOT / "data" / "models" / "servelab-main" / "config.json").exists():
+        pytest.skip("course model not trained")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_engine_tp.py"), "--quick", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "engine_tp.json").read_text())
+    assert res["same_tokens"]
+    assert res["per_step"]["calls"] == 13                 # 2 all-reduces x 6 layers + the head's gather
+    assert res["fit"]["alpha_s"] > 0 and res["per_step"]["predicted_ms"] > 0
+    parts = res["per_step"]
+    whole = parts["compute_ms"] + parts["collectives_rank0_ms"] + parts["plan_ms"] + parts["other_ms"]
+    assert abs(whole - parts["engine_ms"]) < 1e-6 * max(1.0, parts["engine_ms"])
+    assert "## The alpha-beta model's prediction" in (tmp_path / "engine_tp.md").read_text()
