@@ -7,7 +7,7 @@
 Writes ``vs_vllm_offline.json`` into benchmarks/results/ (or ``--out``); the
 prose is in ``benchmarks/results/vs_vllm.md``. Needs ``.venv-vllm`` (``make vllm``).
 
-* **Engines**: one long-lived driver per engine (``benchmarks/vs_vllm_driver.py``,
+* **Engines**: one driver process per engine and case (``benchmarks/vs_vllm_driver.py``,
   written for ``vllm.LLM``; only the import differs), vLLM's from
   ``.venv-vllm``, servelab's from this venv. Both: float32, one torch thread
   (``OMP_NUM_THREADS=1``), no core pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``),
@@ -71,13 +71,13 @@ def workloads(spec: dict, seed: int = 22) -> dict:
 
 
 class Driver:
-    def __init__(self, engine: str, log_dir: Path):
+    def __init__(self, engine: str, log_dir: Path, tag: str = ""):
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                    VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="2",
                    VLLM_LOGGING_LEVEL="WARNING", TQDM_DISABLE="1")
         py = str(VLLM_PY) if engine == "vllm" else sys.executable
         self.engine = engine
-        self.log = open(log_dir / f"{engine}.log", "w")
+        self.log = open(log_dir / f"{engine}{'-' + tag if tag else ''}.log", "w")
         self.proc = subprocess.Popen([py, str(DRIVER), engine], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, cwd=log_dir, env=env)
         self.info = None  # the ready line; read by started(), so both engines import at once
@@ -159,9 +159,18 @@ def run_case(drivers: dict, name: str, mode: str, spec: dict, rounds: int, warm:
 def main(argv=None) -> int:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--servelab-only", action="store_true", help="no vLLM (a smoke run of this side)")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), help="run only these checkpoints")
+    p.add_argument("--modes", nargs="+", choices=("eager", "compiled"), help="run only these modes")
+    p.add_argument("--merge", type=Path, default=None,
+                   help="an earlier vs_vllm_offline.json: its cases not run now are kept (marked with "
+                        "that run's date and load)")
     args = p.parse_args(argv)
     out_dir = results_folder(p, args)
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.models:
+        cfg["models"] = tuple(args.models)
+    if args.modes:
+        cfg["modes"] = tuple(args.modes)
     engines = ("servelab",) if args.servelab_only else ENGINES
     if "vllm" in engines and not VLLM_PY.exists():
         print("needs vLLM's CPU build in .venv-vllm: run 'make vllm' (or pass --servelab-only)")
@@ -173,26 +182,40 @@ def main(argv=None) -> int:
     log_dir = out_dir / "vs_vllm_logs" if not args.quick else out_dir
     log_dir.mkdir(parents=True, exist_ok=True)
     t_start, load_before = time.perf_counter(), os.getloadavg()
-    drivers = {e: Driver(e, log_dir) for e in engines}
-    drivers = {e: d.started() for e, d in drivers.items()}
-    cases = []
-    try:
-        for name in cfg["models"]:
-            spec = dict(MODELS[name])
-            spec.update(cfg.get("shapes", {}))
-            for mode in cfg["modes"]:
+    cases, infos = [], {}
+    for name in cfg["models"]:
+        spec = dict(MODELS[name])
+        spec.update(cfg.get("shapes", {}))
+        for mode in cfg["modes"]:
+            # fresh processes per case: compiled code (and its recompile budget) stays with
+            # the model it was compiled for, as when each engine serves one model
+            t_case, load_case = time.strftime("%Y-%m-%dT%H:%M:%S"), os.getloadavg()
+            drivers = {e: Driver(e, log_dir, f"{name}-{mode}") for e in engines}
+            try:
+                drivers = {e: d.started() for e, d in drivers.items()}
+                infos = {e: d.info for e, d in drivers.items()}
                 cases.append(run_case(drivers, name, mode, spec, cfg["rounds"], warm=not args.quick))
-    finally:
-        for d in drivers.values():
-            d.close()
+                cases[-1].update(started=t_case, load_average_before=load_case, load_average_after=os.getloadavg())
+                (out_dir / "vs_vllm_offline.partial.json").write_text(json.dumps(cases, default=str) + "\n")
+            finally:
+                for d in drivers.values():
+                    d.close()
     result = {"machine": describe(("torch",), threads=1), "load_average_before": load_before,
               "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
-              "engines": {e: d.info for e, d in drivers.items()},
+              "engines": infos,
               "settings": {"threads": "OMP_NUM_THREADS=1 in both (torch threads as each engine reports)",
                            "vllm_env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                                         "VLLM_CPU_KVCACHE_SPACE": "2"}, "dtype": "float32"},
               "workloads": {n: {k: MODELS[n][k] for k in ("seats", "alone")} for n in cfg["models"]},
               "rounds": cfg["rounds"], "quick": bool(args.quick), "cases": cases}
+    if args.merge:
+        old = json.loads(args.merge.read_text())
+        done = {(c["model"], c["mode"]) for c in cases}
+        kept = [dict(c, from_earlier_run={"date": old["machine"]["date"], "load_average_before":
+                                          old["load_average_before"], "load_average_after": old["load_average_after"]})
+                for c in old["cases"] if (c["model"], c["mode"]) not in done]
+        cases = sorted(kept + cases, key=lambda c: (list(MODELS).index(c["model"]), c["mode"] != "eager"))
+        result.update(cases=cases, merged_from=str(args.merge))
     (out_dir / "vs_vllm_offline.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     for c in cases:
         for w, row in c["summary"].items():
