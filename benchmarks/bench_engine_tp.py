@@ -12,8 +12,9 @@ Three measurements on the course model (servelab-main), gloo over 127.0.0.1:
     last is the transfer alone, on the other rank it includes the wait for it;
   * chapter 15's alpha-beta model, fitted on this machine's gloo all-reduce
     (timed on the engine's own two processes between steps, at the message sizes
-    the run sends), predicting each step's collective time from the calls' byte
-    counts; set beside the measured transfer.
+    the run sends, each call after as much computing as a step does between two
+    exchanges; back to back too), predicting each step's collective time from the
+    calls' byte counts; set beside the measured transfer.
 Writes benchmarks/results/engine_tp.md and engine_tp.json (``--out`` picks another folder).
 """
 from __future__ import annotations
@@ -80,7 +81,12 @@ def split_run(prompts, params, repeats: int, fit_sizes, probe_repeats: int):
         stats = ex.comm_stats()
         steps = list(llm.engine.step_log)
         ex.record_collectives(False)
-        probe = ex.probe_all_reduce(fit_sizes, probe_repeats)
+        # the compute between two exchanges of a step, on average: the burst before each timed call
+        burst = max(0.0, (stats["step_seconds"] - stats["plan_seconds"] - stats["all_reduce_seconds"]
+                          - stats["gather_seconds"]) / max(1, len(logs[0])))
+        probe = {"idle": ex.probe_all_reduce(fit_sizes, probe_repeats),
+                 "after_compute": ex.probe_all_reduce(fit_sizes, probe_repeats, burst)}
+        probe["burst_s"] = burst
         if wall is None or logged_wall < wall:
             wall, tokens, log = logged_wall, [o.outputs[0].token_ids for o in outs], steps
         return {"wall": wall, "tokens": tokens, "step_log": log, "logged_wall": logged_wall,
@@ -122,8 +128,14 @@ def main(argv=None) -> dict:
     assert len(r0) == len(r1) and all(a[0] == b[0] and a[2] == b[2] for a, b in zip(r0, r1)), \
         "the ranks' collective calls do not line up"
     steps = two["stats"]["steps"]
-    coll_rows = two["probe"]
-    alpha, bw = comm.fit_alpha_beta([c["bytes"] for c in coll_rows], [c["median_s"] for c in coll_rows])
+    fits = {}
+    for kind in ("after_compute", "idle"):
+        rows = two["probe"][kind]
+        a, b = comm.fit_alpha_beta([c["bytes"] for c in rows], [c["median_s"] for c in rows])
+        fits[kind] = {"alpha_s": a, "bandwidth": b, "rows": rows,
+                      "predicted_ms": sum(a + c[2] / b for c in r0) / two["stats"]["steps"] * 1e3}
+    alpha, bw, coll_rows = fits["after_compute"]["alpha_s"], fits["after_compute"]["bandwidth"], \
+        fits["after_compute"]["rows"]
     transfer = sum(min(a[1], b[1]) for a, b in zip(r0, r1))
     rank0 = sum(a[1] for a in r0)
     predicted = sum(alpha + c[2] / bw for c in r0)
@@ -154,7 +166,8 @@ def main(argv=None) -> dict:
         "steps": {"1": len(log1), "2": len(two["step_log"])},
         "step_ms": {"1": sum(s.duration for s in log1) / len(log1) * 1e3, "2": per_step["engine_ms"]},
         "per_step": per_step, "steps_logged": steps,
-        "fit": {"alpha_s": alpha, "bandwidth": bw, "rows": coll_rows},
+        "fit": {"alpha_s": alpha, "bandwidth": bw, "rows": coll_rows, "burst_s": two["probe"]["burst_s"]},
+        "fit_idle": fits["idle"],
         "prediction_error": err,
         "load_avg": [load_before, os.getloadavg()[0]], "realtime": bool(args.realtime),
         "seconds": time.perf_counter() - t_start,
@@ -204,13 +217,17 @@ def report(r: dict) -> str:
         "",
         "## The alpha-beta model's prediction",
         "",
-        f"gloo all-reduce timed on the engine's own two processes between steps (each call after the "
-        f"ranks line up), median of repeats, fitted: alpha {f['alpha_s'] * 1e6:.0f} us, "
-        f"bandwidth {f['bandwidth'] / 1e9:.2f} GB/s (sizes {', '.join(str(x['bytes']) for x in f['rows'])} bytes).",
+        f"gloo all-reduce timed on the engine's own two processes between steps, each call after the "
+        f"ranks line up and then compute for {f['burst_s'] * 1e3:.2f} ms (the mean compute between two "
+        f"exchanges of a step), median of repeats, fitted: alpha {f['alpha_s'] * 1e6:.0f} us, "
+        f"bandwidth {f['bandwidth'] / 1e9:.2f} GB/s (sizes {', '.join(str(x['bytes']) for x in f['rows'])} bytes). "
+        f"Timed back to back with no compute between, the same fit gives alpha "
+        f"{r['fit_idle']['alpha_s'] * 1e6:.0f} us, bandwidth {r['fit_idle']['bandwidth'] / 1e9:.2f} GB/s.",
         "",
         "| collective time per step | ms |",
         "|---|---|",
         f"| predicted: sum over calls of alpha + bytes / bandwidth | {ps['predicted_ms']:.2f} |",
+        f"| predicted from the back-to-back fit | {r['fit_idle']['predicted_ms']:.2f} |",
         f"| measured transfer | {ps['transfer_ms']:.2f} |",
         f"| measured on rank 0 (transfer + wait) | {ps['collectives_rank0_ms']:.2f} |",
         "",

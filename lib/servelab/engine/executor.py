@@ -230,7 +230,7 @@ def _serve(runner: ModelRunner, compute, control, rank: int) -> None:
             log = record_collectives(runner.model, msg[1])
             _gather(torch.zeros(1), compute)
         elif kind == "probe":
-            _probe(compute, msg[1], msg[2])
+            _probe(compute, msg[1], msg[2], msg[3])
         elif kind == "log":
             control.store.set(f"log/{rank}/{msg[1]}", pickle.dumps(log))
             log.clear()
@@ -244,16 +244,24 @@ def _serve(runner: ModelRunner, compute, control, rank: int) -> None:
             raise RuntimeError(f"unknown message {kind!r}")
 
 
-def _probe(group, sizes: list[int], repeats: int) -> list[dict]:
+def _probe(group, sizes: list[int], repeats: int, burst_s: float = 0.0) -> list[dict]:
     """Time gloo's all-reduce on ``group`` at each size (fp32 messages), the ranks lined up
-    by a one-number all-reduce before each timed call; every rank runs it, rank 0 keeps its times."""
+    by a one-number all-reduce before each timed call; every rank runs it, rank 0 keeps its times.
+
+    ``burst_s`` > 0: each rank multiplies matrices for about that long between lining up
+    and the timed call, as a step computes between its exchanges."""
     out = []
     one = torch.zeros(1)
+    a = torch.randn(64, 256)
+    b = torch.randn(256, 768)
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))
         times = []
         for _ in range(repeats):
             dist.all_reduce(one, group=group)
+            t = time.perf_counter()
+            while time.perf_counter() - t < burst_s:
+                a @ b
             t0 = time.perf_counter()
             dist.all_reduce(x, group=group)
             times.append(time.perf_counter() - t0)
@@ -506,15 +514,16 @@ class TensorParallelExecutor:
         except Exception as exc:  # noqa: BLE001
             self._lose(exc, "starting a log")
 
-    def probe_all_reduce(self, sizes, repeats: int = 10) -> list[dict]:
+    def probe_all_reduce(self, sizes, repeats: int = 10, burst_s: float = 0.0) -> list[dict]:
         """gloo's all-reduce timed on the engine's own processes and group, between steps:
         per size, ``bytes``, ``median_s`` and ``min_s`` on rank 0 (each call after the ranks
-        line up). What chapter 15's alpha-beta model is fitted on."""
+        line up, and after ``burst_s`` of matrix products on every rank when > 0, as inside
+        a step). What chapter 15's alpha-beta model is fitted on."""
         self.check_workers()
         sizes = [int(x) for x in sizes]
         try:
-            self.control.send(("probe", sizes, int(repeats)))
-            return _probe(self.compute, sizes, int(repeats))
+            self.control.send(("probe", sizes, int(repeats), float(burst_s)))
+            return _probe(self.compute, sizes, int(repeats), float(burst_s))
         except Exception as exc:  # noqa: BLE001
             self._lose(exc, "timing the all-reduce")
 
