@@ -394,6 +394,7 @@ class TensorParallelExecutor:
             if int(os.environ["RANK"]) != 0:
                 raise RuntimeError("the executor runs on rank 0; other ranks call run_worker()")
             self._store, self.compute, self.control = _torchrun_groups(self.timeout_s)
+            atexit.register(self.shutdown)  # the other ranks wait for "stop": never leave them waiting
         else:
             self._err_dir = tempfile.mkdtemp(prefix="servelab-tp-")
             port = free_port()
@@ -602,8 +603,10 @@ class TensorParallelExecutor:
         self._stop_workers(graceful=True)
         if self.dead is None:
             self.dead = "the engine was shut down"
-        if self.backend == "torchrun" and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.backend == "torchrun":
+            atexit.unregister(self.shutdown)
+            if dist.is_initialized():
+                dist.destroy_process_group()
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             atexit.unregister(finalizer)
