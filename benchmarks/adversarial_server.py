@@ -22,7 +22,8 @@ engine core in its own process, as deployed) and throws at it, over real HTTP:
   of the engine core (every stream must end with an error event and ``[DONE]``;
   the server exits 1 for its supervisor), and SIGTERM to the server (drain:
   new requests 503, short streams finish, long ones end with an error event
-  after the grace, exit 0).
+  after the grace, exit 0); and SIGKILL of a tensor-parallel worker
+  (``--tensor-parallel-size 2``) under 8 streams.
 
 A case passes when its status is the expected one and every non-200 answer
 (and every error event inside a stream) is OpenAI's error object with a
@@ -550,6 +551,78 @@ def signals(res: Results, args) -> None:
     log_clean(res, g, server, "SIGTERM to the server")
 
 
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return kids
+
+
+def tensor_parallel_worker_death(res: Results, streams: int = 8) -> None:
+    """``--tensor-parallel-size 2``: SIGKILL the rank-1 worker under ``streams`` streams. Every
+    stream must end with an error event naming the rank and ``[DONE]``; the server exits 1
+    (a CRITICAL line says why); no process of the family is left."""
+    from servelab.server import launch
+    g = "signals"
+    server = launch(MODEL_DIR, args=["--tensor-parallel-size", "2", "--kv-blocks", "64",
+                                     "--max-model-len", "256"], timeout_s=180)
+    try:
+        core_pid = health(server.url)["engine_pid"]
+        # the worker is a child of the core's fork server (a grandchild of the core)
+        workers = [w for c in _children(core_pid) for w in _children(c)]
+        family = {core_pid, *_children(core_pid), *workers}
+
+        def kill():
+            os.kill(workers[-1], signal.SIGKILL)
+
+        async def go():
+            async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as ac:
+                started = asyncio.Event()
+                counts = {"first": 0}
+
+                def first():
+                    counts["first"] += 1
+                    if counts["first"] == streams:
+                        started.set()
+                tasks = [asyncio.create_task(stream_one(ac, body(prompt=f"item {k}:", max_tokens=100,
+                                                                 ignore_eos=True, stream=True), on_first=first))
+                         for k in range(streams)]
+                await asyncio.wait_for(started.wait(), CALL_TIMEOUT_S)
+                kill()
+                return await asyncio.gather(*tasks)
+        t0 = time.perf_counter()
+        outs = asyncio.run(go()) if workers else []
+        code = server.proc.wait(60)
+        log = server.log()
+        def alive(p):
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+        deadline = time.monotonic() + 10  # the family's last members may take a moment
+        while any(alive(p) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in family if alive(p)]
+        ok = (bool(workers) and all(o["done"] and o["error"] == "engine_error" and o["shape_ok"] for o in outs)
+              and code == 1 and "EngineDeadError" in log and not left)
+        res.add(g, f"SIGKILL of a tensor-parallel worker under {streams} streams", ok,
+                f"{sum(o['done'] for o in outs)}/{streams} [DONE], exit {code}",
+                f"stream errors {sorted({str(o['error']) for o in outs})}; processes left {left}; "
+                + next((line[:200] for line in log.splitlines() if "CRITICAL" in line), "no CRITICAL line"),
+                time.perf_counter() - t0, hung=any(o["hung"] for o in outs),
+                lost=sum(not o["done"] for o in outs))
+    finally:
+        server.stop()
+    log_clean(res, g, server, "SIGKILL of a tensor-parallel worker")
+
+
 # ---------------------------------------------------------------- report
 def write(res: Results, out: Path, meta: dict) -> None:
     rows = res.rows
@@ -619,6 +692,7 @@ def main(argv=None) -> int:
     log_clean(res, "metrics", server, "all the input cases")
     if not args.skip_signals:
         print("signals under load"), signals(res, args)
+        print("a tensor-parallel worker's death"), tensor_parallel_worker_death(res)
     write(res, Path(args.out), meta)
     return 0 if all(r["ok"] for r in res.rows) else 1
 

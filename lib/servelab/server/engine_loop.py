@@ -324,7 +324,11 @@ class EngineLoop:
             outs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the engine failed: end what was in it, keep serving
             self.num_engine_errors += 1
-            log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
+            dead = getattr(self.engine, "errored", False)  # it will fail every step from now on
+            if dead:  # the message says it all (which rank died, how): no stack trace
+                log.error("engine step failed; failing its requests: %s: %s", type(exc).__name__, exc)
+            else:
+                log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
             # by the request's own id: the engine holds n > 1 requests as children "<id>#<i>"
             rids = dict.fromkeys(seq.parent_id or rid for rid, seq in self.engine.requests.items())
             for rid in rids:
@@ -334,7 +338,7 @@ class EngineLoop:
                     log.error("abort after a failed step failed:\n%s", traceback.format_exc())
                 self._fail(rid, 500, f"the engine failed while running this request "
                                      f"({type(exc).__name__}: {exc}); retry it", "engine_error")
-            if getattr(self.engine, "errored", False):  # it will fail every step from now on
+            if dead:
                 raise EngineLost(f"the engine cannot step any more: {type(exc).__name__}: {exc}") from exc
             return
         finally:
