@@ -49,6 +49,7 @@ import torch
 from servelab import quant as Q
 from servelab import quant_layers as QL
 from servelab import roofline as rl
+from servelab.timing import time_call
 from servelab.machine import describe
 
 from _common import parser, results_folder, write_results
@@ -108,7 +109,7 @@ class Step:
         self.cache.crop(self.context)
 
     def seconds(self, repeats: int) -> float:
-        return rl._median_seconds(self, repeats, warmup=1)
+        return time_call(self, repeats, warmup=1)
 
 
 def interleaved(models: dict, rounds: int, repeats: int, context: int) -> dict:

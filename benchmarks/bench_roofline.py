@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from servelab import roofline as rl
+from servelab.timing import time_call
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -70,7 +71,7 @@ class StepMatrices:
                 self._linear(x, w)
 
     def bandwidth(self, repeats=3, statistic="median", clock="wall") -> float:
-        return self.nbytes / rl._median_seconds(self.run, repeats, statistic=statistic, clock=clock) / 1e9
+        return self.nbytes / time_call(self.run, repeats, statistic=statistic, clock=clock) / 1e9
 
     @property
     def shapes(self):

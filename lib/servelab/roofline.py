@@ -39,7 +39,6 @@ from servelab.roofline_measure import (  # noqa: F401  (the measuring half, re-e
 )
 from servelab.timing import time_call  # noqa: F401  (the one timer)
 
-_median_seconds = time_call  # its old name here (benchmarks still call it)
 from servelab.kvcache import kv_bytes_per_token, kv_room_bytes, seats_granted
 from servelab.specs import GB, TB, Chip, get_chip, get_model
 
