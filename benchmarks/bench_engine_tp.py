@@ -11,10 +11,10 @@ Three measurements on the course model (servelab-main), gloo over 127.0.0.1:
     rank logs every collective call; a call's time on the rank that arrived
     last is the transfer alone, on the other rank it includes the wait for it;
   * chapter 15's alpha-beta model, fitted on this machine's gloo all-reduce
-    (timed on the engine's own two processes between steps, at the message sizes
-    the run sends, each call after as much computing as a step does between two
-    exchanges; back to back too), predicting each step's collective time from the
-    calls' byte counts; set beside the measured transfer.
+    (timed on the engine's own two processes between steps, at sizes from 1 KB
+    to the largest message the run sent, each call after as much computing as a
+    step does between two exchanges; back to back too), predicting each step's
+    collective time from the calls' byte counts; set beside the measured transfer.
 Writes benchmarks/results/engine_tp.md and engine_tp.json (``--out`` picks another folder).
 """
 from __future__ import annotations
@@ -63,7 +63,16 @@ def timed_run(llm, prompts, params, repeats: int):
     return best, tokens, log
 
 
-def split_run(prompts, params, repeats: int, fit_sizes, probe_repeats: int):
+def fit_sizes(largest: int) -> list[int]:
+    """Message sizes for the fit: powers of four from one decode row's all-reduce (1 KB) to the
+    first at or past the largest message the run sent (at least three sizes)."""
+    sizes = [1024]
+    while sizes[-1] < largest or len(sizes) < 3:
+        sizes.append(sizes[-1] * 4)
+    return sizes
+
+
+def split_run(prompts, params, repeats: int, probe_repeats: int):
     """The 2-process run, with every collective call of every rank logged (the last repeat)."""
     llm = LLM(MODEL, tensor_parallel_size=2, **SETTINGS)
     try:
@@ -84,8 +93,19 @@ def split_run(prompts, params, repeats: int, fit_sizes, probe_repeats: int):
         # the compute between two exchanges of a step, on average: the burst before each timed call
         burst = max(0.0, (stats["step_seconds"] - stats["plan_seconds"] - stats["all_reduce_seconds"]
                           - stats["gather_seconds"]) / max(1, len(logs[0])))
-        probe = {"idle": ex.probe_all_reduce(fit_sizes, probe_repeats),
-                 "after_compute": ex.probe_all_reduce(fit_sizes, probe_repeats, burst)}
+        sizes = fit_sizes(max(c[2] for c in logs[0]))
+        probe = {}
+        for kind, b in (("idle", 0.0), ("after_compute", burst)):
+            rows = ex.probe_all_reduce(sizes, probe_repeats, b)
+            while True:  # a noisy machine can hide the slope: then add a larger size, at most to 16 MB
+                try:
+                    comm.fit_alpha_beta([c["bytes"] for c in rows], [c["median_s"] for c in rows])
+                    break
+                except ValueError:
+                    if rows[-1]["bytes"] >= 1 << 24:
+                        raise
+                    rows += ex.probe_all_reduce([rows[-1]["bytes"] * 4], probe_repeats, b)
+            probe[kind] = rows
         probe["burst_s"] = burst
         if wall is None or logged_wall < wall:
             wall, tokens, log = logged_wall, [o.outputs[0].token_ids for o in outs], steps
@@ -118,9 +138,7 @@ def main(argv=None) -> dict:
     one = LLM(MODEL, **SETTINGS)
     wall1, tokens1, log1 = timed_run(one, prompts, params, repeats)
     del one
-    # message sizes for the fit: from one decode row's all-reduce to past the largest prefill's
-    fit_sizes = [1024, 262_144, 4_194_304] if quick else [1024, 4096, 16_384, 65_536, 262_144, 1_048_576, 4_194_304]
-    two = split_run(prompts, params, repeats, fit_sizes, 7 if quick else 25)
+    two = split_run(prompts, params, repeats, 7 if quick else 25)
     same = two["tokens"] == tokens1
 
     # every call, as the rank that arrived last saw it (the transfer) and as rank 0 saw it
@@ -179,11 +197,12 @@ def main(argv=None) -> dict:
 
 def report(r: dict) -> str:
     ps, f = r["per_step"], r["fit"]
-    w = r["workload"]
+    w, m = r["workload"], r["machine"]
     return "\n".join([
         "# The engine split over processes (gloo over loopback)",
         "",
-        f"{r['machine']}, git commit {r['commit']}, load average {r['load_avg'][0]:.2f} at the start "
+        f"{m['cpu']}, {m['logical_cpus']} logical CPUs, Python {m['python']}, torch {m['torch']}, {m['date']}, "
+        f"git commit {r['commit']}, load average {r['load_avg'][0]:.2f} at the start "
         f"({r['load_avg'][1]:.2f} at the end), one thread per process"
         f"{', every process at real-time priority (SCHED_FIFO 5): other programs on the machine could not delay its wake-ups' if r.get('realtime') else ''}"
         f". Command: `python benchmarks/bench_engine_tp.py{' --quick' if r['quick'] else ''}"
