@@ -5,10 +5,11 @@ into chosen states: decode batches of every size up to the seat limit at short,
 medium and long contexts (their prompts go through chunked prefill steps on the
 way), streams joined by a prompt (mixed steps), long prompts cut into chunks
 while streams decode, groups sharing a prefix (prefix-cache hits), a pool too
-small for its requests (preemption and recomputation), and two random streams
-(Poisson and bursty) for the mixtures a queue makes. Pieces are spaced far apart
-on the trace's clock, so each starts on an idle engine (the engine check's
-virtual clock jumps over the gaps).
+small for its requests (preemption and recomputation), and three random
+streams (Poisson, bursty, and one fast enough to fill every seat) for the
+mixtures a queue makes. Pieces are spaced far apart on the trace's clock, so
+each starts on an idle engine (the engine check's virtual clock jumps over the
+gaps).
 
 :func:`residuals_by_feature` says where a fitted model misses: the median of
 measured over predicted step time in bins of each feature (decode rows, context
@@ -80,7 +81,8 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
             # contexts spread around the level (a third to five thirds of it), as a real batch's
             # are: the engine gathers decode rows in groups of similar length, one pass per group
             lens = np.maximum(rng_out.integers(length // 3, 5 * length // 3 + 1, r), 1)
-            outs = rng_out.integers(6, 16 if quick else 20, r)
+            # many-row batches decode longer: their steps set a full replica's pace (and so its queue)
+            outs = rng_out.integers(6, 16 if quick else 20, r) if r < 16 else rng_out.integers(16, 40, r)
             if not _fits(base, r, int(lens.max()) + int(outs.max()), max_len):
                 lens = np.full(r, length)
                 if not _fits(base, r, length + int(outs.max()), max_len):
@@ -118,6 +120,9 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     out["poisson mix"] = (synthetic(n, rate, seed=seed + 3, **mix), base)
     out["bursty"] = (synthetic(n, rate, seed=seed + 4, arrival="gamma", cv=3.0, prefix_groups=2, prefix_tokens=200,
                                prefix_share=0.3, **mix), base)
+    # a stream fast enough to fill the seats: many full decode batches of varied contexts
+    out["full seats"] = (synthetic(150 if quick else 400, 8 * rate, seed=seed + 5, prompt=LogNormal(40, 0.6, 8, 300),
+                                   output=Exponential(48, 240)), base)
     return out
 
 
