@@ -163,6 +163,13 @@ def test_cli_writes_json_and_plot(server, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["completed"] == 6 and data["output_tokens"] == 18 and png.stat().st_size > 1000
     assert "TTFT" in capsys.readouterr().out
+    # the trace a run sent, recorded, replays: same prompts, lengths and send times
+    rec = tmp_path / "sent.jsonl"
+    assert main(["--base-url", server.url, "--model", "tiny", "--num-prompts", "4", "--input-len", "fixed:8",
+                 "--output-len", "fixed:3", "--request-rate", "50", "--no-progress", "--record-trace", str(rec)]) == 0
+    again = load_trace(rec)
+    assert len(again) == 4 and all(len(r.prompt) == 8 and r.max_tokens == 3 for r in again)
+    assert again[0].arrival_s is not None and code == 0
 
 
 def test_raw_client_matches_httpx_and_reuses_connections(server):
