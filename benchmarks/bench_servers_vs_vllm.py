@@ -24,7 +24,8 @@ prose is in ``benchmarks/results/vs_vllm.md``. Needs ``.venv-vllm`` (``make vllm
 * **Idle**: the CPU each server's processes use per second with nothing to do
   (5 s after the warm-up), by role: API server, engine core, vLLM's worker.
 * **Alone**: while one server starts or runs the trace, the others are frozen
-  (``SIGSTOP``): an idle vLLM worker keeps polling and takes CPU.
+  (``SIGSTOP``): a vLLM worker spins for a second after its last step, and a
+  frozen server certainly takes nothing.
 * **Load**: :mod:`servelab.loadgen`, the same trace for every server: Poisson
   arrivals, prompts of random token ids with log-normal lengths, outputs of
   uniform lengths (``ignore_eos``, so each reply is as long as asked). The
@@ -141,8 +142,8 @@ class Server:
         return {k: (b[k] - a[k]) / seconds for k in a}
 
     def pause(self) -> None:
-        """Freeze every process of the server (SIGSTOP): an idle vLLM worker still takes
-        CPU (it polls), which would slow the server being measured."""
+        """Freeze every process of the server (SIGSTOP): a vLLM worker spins for a second
+        after its last step; frozen, a server takes no CPU from the one being measured."""
         import signal
         os.killpg(self.proc.pid, signal.SIGSTOP)
 
