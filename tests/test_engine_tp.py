@@ -116,6 +116,15 @@ def test_a_split_llama_model_object_works_too(tiny):
     want = [o.outputs[0].token_ids for o in LLM(model, **SETTINGS).generate([[1, 2, 3, 4]], GREEDY)]
     llm = LLM(model, tensor_parallel_size=2, **SETTINGS)
     try:
+        ex = llm.engine.runner
+        ex.record_collectives(True)
         assert [o.outputs[0].token_ids for o in llm.generate([[1, 2, 3, 4]], GREEDY)] == want
+        logs = ex.collective_logs()  # every rank's calls, in the same order
+        assert len(logs) == 2 and len(logs[0]) == len(logs[1]) == 20 * 5  # 2 layers x 2 + the head, per step
+        assert [c[0] for c in logs[0][:5]] == ["all_reduce"] * 4 + ["gather"]
+        assert [(c[0], c[2]) for c in logs[0]] == [(c[0], c[2]) for c in logs[1]]
+        rows = ex.probe_all_reduce([1024, 4096], repeats=2, burst_s=1e-4)
+        assert [r["bytes"] for r in rows] == [1024, 4096] and all(r["median_s"] > 0 for r in rows)
+        assert len(ex.rank_comm_seconds()) == 2
     finally:
         llm.shutdown()
