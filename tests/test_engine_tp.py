@@ -27,8 +27,8 @@ def _workload(vocab: int, seed: int = 0):
     return prompts
 
 
-GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=6, ignore_eos=True)
           for i in range(3)]
 
 
@@ -120,7 +120,7 @@ def test_a_split_llama_model_object_works_too(tiny):
         ex.record_collectives(True)
         assert [o.outputs[0].token_ids for o in llm.generate([[1, 2, 3, 4]], GREEDY)] == want
         logs = ex.collective_logs()  # every rank's calls, in the same order
-        assert len(logs) == 2 and len(logs[0]) == len(logs[1]) == 20 * 5  # 2 layers x 2 + the head, per step
+        assert len(logs) == 2 and len(logs[0]) == len(logs[1]) == 10 * 5  # 2 layers x 2 + the head, per step
         assert [c[0] for c in logs[0][:5]] == ["all_reduce"] * 4 + ["gather"]
         assert [(c[0], c[2]) for c in logs[0]] == [(c[0], c[2]) for c in logs[1]]
         rows = ex.probe_all_reduce([1024, 4096], repeats=2, burst_s=1e-4)
