@@ -91,3 +91,14 @@ def test_a_bf16_pool_under_a_compiled_fp32_model(compiled_run):
     ref.load_state_dict(model.state_dict())
     got = _run(model, enforce_eager=False, kv_dtype=torch.bfloat16)[0]
     assert got == _run(ref, enforce_eager=True, kv_dtype=torch.bfloat16)[0]
+
+
+def test_a_step_that_falls_back_to_eager_still_attends(monkeypatch):
+    """Past torch._dynamo's recompile limit a compiled step's frame runs eagerly, with the
+    compiled step's cache (a long-lived server meets this: one process compiling two
+    models hit it): it must still attend, and give the eager engine's tokens."""
+    from servelab.engine import model_runner
+    monkeypatch.setattr(model_runner, "_compiled_model_step", lambda: model_runner._model_step)
+    fallback, _ = _run(_model(), enforce_eager=False)
+    eager, _ = _run(_model(), enforce_eager=True)
+    assert fallback == eager

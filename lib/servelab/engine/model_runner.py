@@ -228,6 +228,13 @@ class _CompiledStep:
     ragged = True
     max_position = 0
 
+    def attend(self, layer_idx: int, q, kv, scale: float):
+        # past dynamo's recompile limit (or with dynamo off) the step runs eagerly with this
+        # same cache: attention goes to the running step's context, as the graph's operator does
+        if not _STEP_CONTEXTS:
+            raise RuntimeError("a compiled step's cache attends only inside an engine step")
+        return _STEP_CONTEXTS[-1].attend(layer_idx, q, kv, scale)
+
 
 _COMPILED_STEP = _CompiledStep()
 
