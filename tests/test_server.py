@@ -396,15 +396,14 @@ def test_tokenizing_a_long_prompt_does_not_stall_the_event_loop(server, client, 
         async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as c:
             slow_req = asyncio.create_task(c.post("/v1/completions", json=big))
             await asyncio.sleep(0.2)  # the slow tokenization is under way
-            t0 = time.perf_counter()
             health = await c.get("/health")
-            waited = time.perf_counter() - t0
-            return (await slow_req).status_code, health.status_code, waited
+            answered_first = not slow_req.done()  # order, not a clock: no time limit to flake
+            return (await slow_req).status_code, health.status_code, answered_first
 
-    slow_status, health_status, waited = asyncio.run(go())
+    slow_status, health_status, answered_first = asyncio.run(go())
     assert slow_status == 200 and health_status == 200
     assert where and where[0] != srv.thread.name, where  # not the event loop's thread
-    assert waited < 0.75, f"/health waited {waited:.2f} s behind a tokenization (in {where})"
+    assert answered_first, f"/health waited behind a tokenization (in {where})"
 
 
 def test_a_request_the_engine_refuses_is_an_http_error_before_any_stream(client):

@@ -1,7 +1,7 @@
 """Exercise 1 · A request's life: token timing, a stop-string streamer, a conversation's bill.
 
 Expected answers come from the library (:func:`servelab.loadgen.token_latencies`,
-:func:`servelab.server.streaming.holdback_stream`, :mod:`servelab.server.billing`),
+:func:`servelab.engine.stop.holdback_stream` (the engine's one holdback rule), :mod:`servelab.server.billing`),
 so the exercise and chapter 1 cannot drift apart.
 """
 import random
@@ -9,7 +9,7 @@ import random
 from servelab.grading import Case, Question
 from servelab.loadgen import token_latencies
 from servelab.server.billing import Rates, bill_turn
-from servelab.server.streaming import holdback_stream
+from servelab.engine.stop import holdback_stream
 
 
 # ---------------------------------------------------------------------- Q1
