@@ -5,7 +5,10 @@
 
 Three measurements on the course model (servelab-main), gloo over 127.0.0.1:
   * tokens per second of one workload (prompts sharing a prefix, then decoding
-    together) at 1 and 2 processes, the same greedy tokens checked;
+    together) at 1 and 2 processes, the same greedy tokens checked. The split uses
+    two cores (one thread per process); the single process runs with one thread
+    and, as its best setup on two cores, with two. Every run starts from an empty
+    prefix cache, so every row does the same steps and prefills the same tokens;
   * each step of the 2-process run split into compute, collectives and the
     rest (scheduling, posting the plan, sampling), on rank 0's clock. Every
     rank logs every collective call; a call's time on the rank that arrived
@@ -47,14 +50,19 @@ def workload(num_prompts: int, prompt_len: int, shared: int, vocab: int, seed: i
             for _ in range(num_prompts)]
 
 
-def timed_run(llm, prompts, params, repeats: int):
+def cold(llm) -> None:
+    """Empty the prefix cache and the step log: the next run prefills every prompt token."""
+    llm.engine.scheduler.kv.reset_prefix_cache()
+    llm.engine.step_log.clear()
+
+
+def timed_run(llm, prompts, params, repeats: int, warm_up: bool = True):
     """Wall seconds of ``generate`` (fastest of ``repeats``, after a warm-up), its tokens, its step log."""
-    llm.generate(prompts[:2], params)  # warm-up: first-call allocations
+    if warm_up:
+        llm.generate(prompts[:2], params)  # warm-up: first-call allocations
     best, tokens, log = None, None, None
     for _ in range(repeats):
-        llm.engine.scheduler.kv.reset_prefix_cache() if hasattr(llm.engine.scheduler.kv, "reset_prefix_cache") \
-            else None
-        llm.engine.step_log.clear()
+        cold(llm)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
         wall = time.perf_counter() - t0
@@ -78,11 +86,13 @@ def split_run(prompts, params, repeats: int, probe_repeats: int):
     try:
         ex = llm.engine.runner
         wall, tokens, log = timed_run(llm, prompts, params, repeats - 1) if repeats > 1 else (None, None, None)
-        # the logged run: the same workload, fresh step counters
+        # the logged run: the same workload from an empty prefix cache, fresh step counters
+        if wall is None:
+            llm.generate(prompts[:2], params)  # warm-up
         ex.record_collectives(True)
         ex.collective_logs()
         ex.reset_stats()
-        llm.engine.step_log.clear()
+        cold(llm)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
         logged_wall = time.perf_counter() - t0
@@ -137,9 +147,12 @@ def main(argv=None) -> dict:
 
     one = LLM(MODEL, **SETTINGS)
     wall1, tokens1, log1 = timed_run(one, prompts, params, repeats)
+    torch.set_num_threads(2)  # the single process's best setup on two cores
+    wall1t2, tokens1t2, log1t2 = timed_run(one, prompts, params, repeats)
+    torch.set_num_threads(1)
     del one
     two = split_run(prompts, params, repeats, 7 if quick else 25)
-    same = two["tokens"] == tokens1
+    same = two["tokens"] == tokens1 == tokens1t2
 
     # every call, as the rank that arrived last saw it (the transfer) and as rank 0 saw it
     r0, r1 = two["logs"][0], two["logs"][1]
@@ -180,9 +193,15 @@ def main(argv=None) -> dict:
         "workload": {"prompts": n, "prompt_tokens": plen, "shared_prefix": shared, "new_tokens": new},
         "settings": {k: v for k, v in SETTINGS.items() if k != "skip_tokenizer_init"},
         "same_tokens": same,
-        "tokens_per_s": {"1": out_tokens / wall1, "2": out_tokens / two["wall"]},
-        "steps": {"1": len(log1), "2": len(two["step_log"])},
-        "step_ms": {"1": sum(s.duration for s in log1) / len(log1) * 1e3, "2": per_step["engine_ms"]},
+        # rows: "1" one process, one thread; "1t2" one process, two threads; "2" two processes
+        "tokens_per_s": {"1": out_tokens / wall1, "1t2": out_tokens / wall1t2, "2": out_tokens / two["wall"]},
+        "steps": {"1": len(log1), "1t2": len(log1t2), "2": len(two["step_log"])},
+        "prefill_tokens": {k: sum(s.num_prefill_tokens for s in lg)
+                           for k, lg in (("1", log1), ("1t2", log1t2), ("2", two["step_log"]))},
+        "logged_run": {"steps": len(two["logged_steps"]),
+                       "prefill_tokens": sum(s.num_prefill_tokens for s in two["logged_steps"])},
+        "step_ms": {"1": sum(s.duration for s in log1) / len(log1) * 1e3,
+                    "1t2": sum(s.duration for s in log1t2) / len(log1t2) * 1e3, "2": per_step["engine_ms"]},
         "per_step": per_step, "steps_logged": steps,
         "fit": {"alpha_s": alpha, "bandwidth": bw, "rows": coll_rows, "burst_s": two["probe"]["burst_s"]},
         "fit_idle": fits["idle"],
@@ -203,25 +222,27 @@ def report(r: dict) -> str:
         "",
         f"{m['cpu']}, {m['logical_cpus']} logical CPUs, Python {m['python']}, torch {m['torch']}, {m['date']}, "
         f"git commit {r['commit']}, load average {r['load_avg'][0]:.2f} at the start "
-        f"({r['load_avg'][1]:.2f} at the end), one thread per process"
+        f"({r['load_avg'][1]:.2f} at the end), one thread per process (the split uses two cores)"
         f"{', every process at real-time priority (SCHED_FIFO 5): other programs on the machine could not delay its wake-ups' if r.get('realtime') else ''}"
         f". Command: `python benchmarks/bench_engine_tp.py{' --quick' if r['quick'] else ''}"
         f"{' --realtime' if r.get('realtime') else ''}` ({r['seconds']:.0f} s).",
         "",
         f"Workload: {w['prompts']} prompts of {w['prompt_tokens']} tokens ({w['shared_prefix']} shared), "
         f"{w['new_tokens']} greedy tokens each, all queued at once; engine settings {r['settings']}. "
-        f"Fastest of the timed runs after a warm-up.",
+        f"Fastest of the timed runs after a warm-up; every run starts from an empty prefix cache.",
         "",
         "## Tokens per second",
         "",
-        "| processes | output tokens/s | steps | ms per step |",
-        "|---|---|---|---|",
-        *(f"| {k} | {r['tokens_per_s'][k]:.1f} | {r['steps'][k]} | {r['step_ms'][k]:.2f} |" for k in ("1", "2")),
+        "| processes | threads each (cores) | output tokens/s | steps | prefill tokens | ms per step |",
+        "|---|---|---|---|---|---|",
+        *(f"| {k[0]} | {t} ({c}) | {r['tokens_per_s'][k]:.1f} | {r['steps'][k]} | {r['prefill_tokens'][k]} "
+          f"| {r['step_ms'][k]:.2f} |" for k, t, c in (("1", 1, 1), ("1t2", 2, 2), ("2", 1, 2))),
         "",
-        f"Same greedy tokens at 1 and 2 processes: {'yes' if r['same_tokens'] else 'NO'}.",
+        f"Same greedy tokens in every row: {'yes' if r['same_tokens'] else 'NO'}.",
         "",
         "## One step of the 2-process run, on rank 0's clock (mean over the logged run's "
-        f"{r['steps_logged']} steps)",
+        f"{r['steps_logged']} steps; the logged run is the last timed run, with every collective "
+        f"call recorded: {r['logged_run']['prefill_tokens']} prefill tokens)",
         "",
         "| part | ms per step |",
         "|---|---|",

@@ -17,6 +17,11 @@ def test_bench_engine_tp_quick(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads((tmp_path / "engine_tp.json").read_text())
     assert res["same_tokens"]
+    # every row starts from an empty prefix cache: the same steps, the same prefill tokens
+    assert len(set(res["steps"].values())) == 1, res["steps"]
+    assert len(set(res["prefill_tokens"].values())) == 1, res["prefill_tokens"]
+    assert res["logged_run"] == {"steps": res["steps"]["2"], "prefill_tokens": res["prefill_tokens"]["2"]}
+    assert set(res["tokens_per_s"]) == {"1", "1t2", "2"}
     assert res["per_step"]["calls"] == 13                 # 2 all-reduces x 6 layers + the head's gather
     assert res["fit"]["alpha_s"] > 0 and res["per_step"]["predicted_ms"] > 0
     parts = res["per_step"]
