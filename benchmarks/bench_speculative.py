@@ -1,4 +1,4 @@
-"""Benchmark speculative decoding on the course's trained pair, batch of one, greedy.
+"""Benchmark speculative decoding on the course's trained pair, greedy: one request at a time, then the engine's fade with concurrency.
 
     .venv/bin/python benchmarks/bench_speculative.py            # a few minutes, one thread
     .venv/bin/python benchmarks/bench_speculative.py --quick --out /tmp/x   # smoke run, seconds
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
 
 def report(r: dict) -> str:
     m = r["machine"]
-    lines = ["# Speculative decoding, batch of one, greedy (benchmarks/bench_speculative.py)", "",
+    lines = ["# Speculative decoding, greedy: one request at a time, then the fade through the engine (benchmarks/bench_speculative.py)", "",
              f"Machine: {m.get('cpu', m)}; one thread; load {r['load_before'][0]:.1f} before, "
              f"{r['load_after'][0]:.1f} after; {r['seconds']:.0f} s"
              + (" (QUICK smoke run)" if r["quick"] else ""), "",
