@@ -139,7 +139,7 @@ def test_simulator_runs_it_and_noise_scaling_keep_the_correction():
 
 def test_step_profile_round_trip_and_fit_step_model_with_it():
     runs = json.loads((cal.ROOT / "data" / "sim" / "calibration_runs.json").read_text())
-    fit = [cal.EngineRun.from_dict(d) for d in runs["fit"][:2]]
+    fit = [cal.EngineRun.from_dict(d) for d in runs["fit"]]  # every calibration piece: each kind of step measured
     base = cal.fit_step_model(fit)
     shapes = [_prompt(n) for n in PROFILE_TOKENS for _ in range(3)]
     prof = cal.StepProfile(shapes, np.array([base.step_s(s) for s in shapes]), {"git_commit": "abc"})
