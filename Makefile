@@ -12,6 +12,9 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
 PYTEST_ARGS ?=
+# Tests run on every core (pytest-xdist); --dist loadfile keeps each test file (its shared
+# engine or server, a notebook's cells) in one worker. PYTEST_JOBS=0 runs in one process.
+PYTEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
 .PHONY: setup book test lab browser clean-book lint-prose bench serve profile vllm
 
@@ -60,7 +63,7 @@ book: setup
 
 test: setup browser
 	@test -f $(VLLM_STAMP) || echo "vLLM parity tests will skip: run 'make vllm' first to get them (vLLM's CPU build in .venv-vllm)"
-	$(PY) -m pytest -q tests chapters solutions --nbval --nbval-current-env \
+	$(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile tests chapters solutions --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
 
 # The course voice's reading measures, chapter by chapter (also a test in `make test`).
