@@ -54,7 +54,7 @@ def test_a_killed_worker_fails_its_requests_and_leaves_no_process(tiny):
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) was killed by SIGKILL"):
             engine.step()
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 30  # bounded (no hang); generous for a busy machine
         assert engine.errored
         with pytest.raises(EngineDeadError):  # and it stays dead
             engine.step()
@@ -71,7 +71,7 @@ def test_a_hung_worker_is_declared_dead_after_the_timeout(tiny):
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="did not answer within timeout_s=2"):
             llm.generate([[1, 2, 3]], GREEDY)
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 30  # timeout_s=2 plus slack: bounded, not a speed check
         assert _gone(pid)  # killed, stopped or not
     finally:
         llm.shutdown()
