@@ -1,21 +1,10 @@
 """benchmarks/bench_engine_tp.py --quick runs in seconds and writes its report (into a temp dir)."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_quick import needs_course_model, quick_results
 
 
 def test_bench_engine_tp_quick(tmp_path):
-    if not (ROOT / "data" / "models" / "servelab-main" / "config.json").exists():
-        pytest.skip("course model not trained")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_engine_tp.py"), "--quick", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads((tmp_path / "engine_tp.json").read_text())
+    needs_course_model()
+    res = quick_results("bench_engine_tp.py", tmp_path, "engine_tp")
     assert res["same_tokens"]
     # every row starts from an empty prefix cache: the same steps, the same prefill tokens
     assert len(set(res["steps"].values())) == 1, res["steps"]
