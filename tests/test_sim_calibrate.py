@@ -103,10 +103,12 @@ def test_cli_check(tmp_path, run, capsys):
     mpath = cal.save_step_model(model, tmp_path / "m.json")
     tpath = save_trace(TRACE.subset(slice(0, 6)), tmp_path / "t.jsonl")
     rc = main(["check", "--trace", str(tpath), "--step-model", str(mpath), "--max-num-seqs", "8",
-               "--max-num-batched-tokens", "256", "--num-kv-blocks", "256"])
+               "--max-num-batched-tokens", "256", "--num-kv-blocks", "256", "--repeats", "1", "--relevel"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "ttft_p95" in out and out.strip().splitlines()[-1].startswith("worst error: ")
+    # the level probe ran after the run; the floor was fitted to the run
+    assert "machine speed vs the calibration" in out and "scaled by that speed" in out and "floor" in out
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):

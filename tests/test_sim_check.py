@@ -99,3 +99,40 @@ def test_residuals_by_decode_groups_when_the_runs_recorded_them():
     rows = {r["bin"]: r["median_measured_over_predicted"] for r in res["decode groups (decode steps)"]}
     assert rows == {"1": pytest.approx(1.0), "4-5": pytest.approx(1.2)}
     assert "decode groups (decode steps)" not in residuals_by_feature(model, shapes, durs)
+
+
+def _run_like_engine(trace, model, config, label="r"):
+    """An EngineRun made by the simulator (as if the engine had run at ``model``'s speed)."""
+    from servelab.sim.core import simulate
+    sim = simulate(trace, model, config)
+    return cal.EngineRun(trace, config, [], np.zeros(0), sim.ttft, sim.tpot, sim.ttft, label)
+
+
+def test_relevelled_prediction_takes_the_machine_speed_from_the_probe():
+    from servelab.workload import synthetic
+    model = LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-6, b_prefill=5e-5)
+    config = cal.CONFIGS["base"]
+    trace = synthetic(80, 20.0, seed=3)
+    slow = [_run_like_engine(trace, model.scaled(1.3), config, f"r{k}") for k in range(2)]
+    c = check.spread_check("t", slow, model, levels=[1.3, 1.3], floor=False)
+    assert max(abs(v) for v in c.errors_relevelled.values()) < 1e-9  # scaled by the probe: the runs
+    assert c.worst > 0.15  # as calibrated it misses: the verdict
+    assert c.info["levels"] == [1.3, 1.3]
+    text = c.table()
+    assert "1.30x" in text and "scaled by that speed" in text and text.splitlines()[-1].startswith("worst error:")
+    plain = check.spread_check("t", slow, model, levels=None, floor=False)
+    assert plain.relevelled is None and plain.predicted == c.predicted
+    with pytest.raises(ValueError, match="one level per run"):
+        check.spread_check("t", slow, model, levels=[1.3])
+
+
+def test_machine_level_is_measured_over_predicted_step_time():
+    model = LinearStepModel(a=0.004, c_decode=2e-4)
+    shapes = [StepShape(0, r, 50 * r) for r in (1, 4, 16)]
+    run = cal.EngineRun(None, cal.CONFIGS["base"], shapes, np.array([model.step_s(s) * 1.25 for s in shapes]),
+                        np.zeros(0), np.zeros(0), np.zeros(0))
+    assert check.machine_level(run, model) == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="no steps"):
+        check.machine_level(cal.EngineRun(None, None, [], np.zeros(0), *[np.zeros(0)] * 3), model)
+    probe = check.level_probe_trace()
+    assert len(probe) == 60 and probe.timed  # the quick calibration's poisson-mix piece

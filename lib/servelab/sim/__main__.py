@@ -5,7 +5,11 @@
         and with the simulator calibrated on this machine (made first if there is none);
         print each percentile's measured median, spread, prediction and error, then
         "worst error: X%". The engine's steps are timed by their CPU time on a virtual
-        clock (``--clock wall``: in real time, a busy machine's stalls included).
+        clock (``--clock wall``: in real time, a busy machine's stalls included). The
+        table also gives a floor (a step model fitted to the checked runs themselves);
+        ``--relevel``: after each run the same engine serves a level probe (a
+        calibration piece again), and the prediction scaled by the machine's speed it
+        measures is shown too.
     python -m servelab.sim calibrate [--quick] [--model DIR] [--out FILE]
         fit the step model to this machine and this engine over the calibration sweep
         (decode batches up to the seat limit at short to long contexts, chunked prompts,
@@ -55,7 +59,7 @@ def cmd_check(a) -> int:
     for why in check.stale_reasons(model, a.model):
         print(f"warning: this step model is not a calibration of this engine and machine: {why}")
     res = check.check_trace(trace, model, _config(a), repeats=a.repeats, model_dir=a.model, clock=a.clock,
-                            label=str(a.trace), say=print)
+                            label=str(a.trace), say=print, relevel=a.relevel)
     if a.save_run:
         check.save_check(res, a.save_run)
     print(res.table())
@@ -108,6 +112,9 @@ def main(argv=None) -> int:
                    help="a saved step model (default: this machine's calibration, made first if there is none)")
     c.add_argument("--repeats", type=int, default=2, help="engine runs of the trace (default %(default)s)")
     c.add_argument("--save-run", default=None, help="also save the check (every run's percentiles) as JSON")
+    c.add_argument("--relevel", action="store_true",
+                   help="after each run, measure the machine's speed with a calibration piece and also show "
+                        "the prediction scaled by it")
     c.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
                    help="time the engine's steps by their CPU time on a virtual clock (default) or in real time")
     _config_args(c)

@@ -157,7 +157,8 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     by the same clock), so a comparison can scale the step model to it.
     ``reference_every``: on the CPU clock, every that many steps also time a
     fixed piece of work (:func:`reference_work`: one row through every weight
-    matrix), off the virtual clock; ``info["reference_s"]`` lists those times,
+    matrix, run twice and the second pass timed), off the virtual clock;
+    ``info["reference_s"]`` lists those times,
     so a run can show whether the machine's speed drifted while it ran
     (neighbours sharing the core's caches slow even the CPU time). 0: never.
     """
@@ -192,6 +193,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     probe_s = speed_probe(llm, seed=seed, clock=clock) if probe else None
     reference = reference_work(llm) if clock == "cpu" and reference_every else None
     refs: list[float] = []
+    ref_at: list[int] = []  # how many steps had run when each reference timing was taken
 
     shapes: list[StepShape] = []
     groups: list[int] = []  # decode groups per step (not on the wall clock)
@@ -228,9 +230,13 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     ends.append(vt + dt)
                 vt += dt
                 if reference is not None and len(shapes) % reference_every == 0:
+                    # timed warm: the first pass refills the caches the step just used, so the
+                    # timing tracks the machine's speed, not the size of the step before it
+                    reference()
                     c0 = time.thread_time()
                     reference()
                     refs.append(time.thread_time() - c0)
+                    ref_at.append(len(shapes))
                 for out in got:
                     i = int(out.request_id)
                     if count[i] == 0:
@@ -283,6 +289,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     if refs:
         info["reference_s"] = [round(x, 7) for x in refs]
+        info["reference_at_step"] = ref_at
     if groups:
         info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)

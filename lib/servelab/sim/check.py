@@ -10,9 +10,20 @@
   cache (``$SERVELAB_CACHE/sim``, default ``~/.cache/servelab/sim``), making one first
   when there is none, and saying so.
 * :func:`check_trace` serves a trace with the engine ``repeats`` times, each on a freshly
-  built engine, and simulates it once: per percentile the measured median, the run-to-run
+  built engine, and simulates it: per percentile the measured median, the run-to-run
   spread (half the range of the runs, as a share of the median) and the prediction's
   error. :class:`SpreadCheck`'s table ends with ``worst error: X%``.
+
+A shared virtual machine changes speed: on the course's 2-vCPU Xeon the same steps
+ran up to 1.3x slower minutes after a calibration, and runs of one trace seconds
+apart differ by tens of percent. The verdict is the simulator as calibrated (as
+the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows each
+checked run, on the same engine, with a *level probe*: one calibration piece
+served again (:func:`level_probe_trace`); its measured over predicted step time
+(:func:`machine_level`) is the machine's speed then, and the run's prediction
+scaled by it is reported as ``relevelled``. ``floor=True`` fits the step model to
+the checked runs themselves: as close as a model of this form gets to runs this
+noisy.
 
 Imports the engine (and torch) inside the functions.
 """
@@ -34,7 +45,8 @@ from servelab.sim.sweep import residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
 __all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
-           "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV"]
+           "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
+           "machine_level", "spread_check"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -123,6 +135,10 @@ class SpreadCheck:
     runs: list
     predicted: dict
     info: dict = field(default_factory=dict)
+    #: the prediction scaled by each run's level probe (None: no probe ran)
+    relevelled: dict | None = None
+    #: the prediction of a step model fitted to these runs themselves (None: not computed)
+    floor: dict | None = None
 
     @property
     def measured(self) -> dict:
@@ -143,6 +159,20 @@ class SpreadCheck:
     def worst(self) -> float:
         return max(abs(e) for e in self.errors.values())
 
+    def _errors_of(self, predicted: dict | None) -> dict | None:
+        if predicted is None:
+            return None
+        m = self.measured
+        return {k: (predicted[k] - m[k]) / m[k] for k in METRICS}
+
+    @property
+    def errors_relevelled(self) -> dict | None:
+        return self._errors_of(self.relevelled)
+
+    @property
+    def floor_errors(self) -> dict | None:
+        return self._errors_of(self.floor)
+
     @property
     def worst_spread(self) -> float:
         return max(self.spread.values())
@@ -155,12 +185,23 @@ class SpreadCheck:
             lines.append(f"{k:<10}{self.measured[k] * 1e3:>9.2f} ms{self.spread[k]:>8.1%} "
                          f"{self.predicted[k] * 1e3:>9.2f} ms{self.errors[k]:>+9.1%}")
         lines.append(f"engine's own spread: up to ±{self.worst_spread:.1%} between {n} runs")
+        levels = self.info.get("levels")
+        if levels:
+            lines.append("machine speed vs the calibration (level probe after each run): "
+                         + ", ".join(f"{x:.2f}x" for x in levels))
+        for name, errs in (("scaled by that speed", self.errors_relevelled),
+                           ("floor (step model fitted to these runs)", self.floor_errors)):
+            if errs:
+                lines.append(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errs.items())
+                             + f"; worst {max(abs(v) for v in errs.values()):.1%}")
         lines.append(f"worst error: {self.worst:.1%}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"label": self.label, "runs": self.runs, "predicted": self.predicted, "measured": self.measured,
-                "spread": self.spread, "errors": self.errors, "worst": self.worst, "info": self.info}
+                "spread": self.spread, "errors": self.errors, "worst": self.worst, "info": self.info,
+                "relevelled": self.relevelled, "errors_relevelled": self.errors_relevelled,
+                "floor": self.floor, "floor_errors": self.floor_errors}
 
 
 def predict(trace: Trace, model, config: ReplicaConfig) -> dict:
@@ -171,29 +212,84 @@ def predict(trace: Trace, model, config: ReplicaConfig) -> dict:
             "tpot_p50": percentile(tpot, 50), "tpot_p95": percentile(tpot, 95)}
 
 
+def level_probe_trace() -> Trace:
+    """The level probe: the quick calibration's "poisson mix" piece (60 requests), which the
+    step model was fitted to, so its prediction is right at the calibration's speed."""
+    return sweep_traces(quick=True)["poisson mix"][0]
+
+
+def machine_level(run, model) -> float:
+    """How much slower (>1) ``run``'s steps ran than ``model`` predicts: total measured over
+    total predicted step time, over the run's own steps."""
+    predicted = sum(model.step_s(s) for s in run.shapes)
+    if not run.shapes or predicted <= 0:
+        raise ValueError("the level probe recorded no steps to measure the machine's speed by")
+    return float(np.sum(run.durations) / predicted)
+
+
+def _median_of(preds: list) -> dict:
+    return {k: float(np.median([p[k] for p in preds])) for k in METRICS}
+
+
 def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
-                clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False) -> SpreadCheck:
+                clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False,
+                relevel: bool = False, floor: bool = True) -> SpreadCheck:
     """Serve ``trace`` with the engine ``repeats`` times (a fresh engine each time, so no run
     finds another's prefixes cached) and compare the median of each percentile with the
-    simulator's prediction, beside the runs' spread."""
+    simulator's prediction, beside the runs' spread.
+
+    ``relevel``: after each run, serve :func:`level_probe_trace` on the same engine and
+    also report the prediction scaled by :func:`machine_level` (the machine's speed then
+    against the calibration) as ``relevelled``. ``floor``: also predict with a step model
+    fitted to the checked runs themselves."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
     config = config or cal.CONFIGS["base"]
-    runs, engine_runs = [], []
+    relevel = relevel and hasattr(model, "scaled")  # a model that cannot be scaled has no relevelled line
+    engine_runs, levels = [], []
+    probe_trace = level_probe_trace() if relevel else None
     for k in range(repeats):
         if say:
-            say(f"engine run {k + 1} of {repeats} ...")
-        run = cal.run_engine(trace, config, model_dir=model_dir, label=f"{label} #{k + 1}", clock=clock,
+            say(f"engine run {k + 1} of {repeats} ..." + (" (then the level probe)" if relevel else ""))
+        llm = cal.build_llm(config, model_dir)
+        run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=f"{label} #{k + 1}", clock=clock,
                              probe=False)
-        runs.append(run.percentiles())
+        if relevel:  # other prompts than the trace's (another seed): no prefix hits between them
+            probe = cal.run_engine(probe_trace, config, llm=llm, seed=1000 + k, label=f"level probe {label} #{k + 1}",
+                                   clock=clock, probe=False)
+            levels.append(machine_level(probe, model))
+            run.info["level"] = levels[-1]
+        del llm
         engine_runs.append(run)
     info = {"requests": len(trace), "rate": trace.rate, "config": config.__dict__, "clock": clock,
-            "load_average_1min": round(os.getloadavg()[0], 2), "git_commit": cal.git_commit(),
-            "steps": [len(r.shapes) for r in engine_runs]}
-    check = SpreadCheck(label, runs, predict(trace, model, config), info)
+            "load_average_1min": round(os.getloadavg()[0], 2), "git_commit": cal.git_commit()}
+    check = spread_check(label, engine_runs, model, levels if relevel else None, floor=floor, info=info)
     if keep_runs:
         check.info["engine_runs"] = engine_runs
     return check
+
+
+def spread_check(label: str, engine_runs: list, model, levels: list | None = None, *, floor: bool = True,
+                 info: dict | None = None) -> SpreadCheck:
+    """A :class:`SpreadCheck` from engine runs of one trace (and config) already measured.
+    ``levels``: each run's :func:`machine_level` from its level probe (None: no
+    relevelled prediction)."""
+    if not engine_runs:
+        raise ValueError("spread_check needs at least one engine run")
+    trace, config = engine_runs[0].trace, engine_runs[0].config
+    info = dict(info or {})
+    info.setdefault("requests", len(trace))
+    info.setdefault("rate", trace.rate)
+    info["steps"] = [len(r.shapes) for r in engine_runs]
+    predicted, relevelled = predict(trace, model, config), None
+    if levels is not None:
+        if len(levels) != len(engine_runs):
+            raise ValueError(f"{len(levels)} levels for {len(engine_runs)} runs: give one level per run")
+        info["levels"] = [round(float(x), 4) for x in levels]
+        relevelled = _median_of([predict(trace, model.scaled(x), config) for x in levels])
+    floor_pred = predict(trace, cal.fit_step_model(engine_runs), config) if floor else None
+    return SpreadCheck(label, [r.percentiles() for r in engine_runs], predicted, info,
+                       relevelled=relevelled, floor=floor_pred)
 
 
 def save_check(check: SpreadCheck, path) -> Path:
