@@ -103,22 +103,29 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
         model, fit_runs = check.calibrate_here(quick=quick_cal, clock=clock)
         held_runs = []
     checks = []
-    for name in FAMILIES:
-        trace = load_trace(TRACES / file_name(name))
+    traces = {name: load_trace(TRACES / file_name(name)) for name in FAMILIES}
+    if runs_from is None:
+        # rounds: every family once per round, so a drift of the machine's speed over minutes
+        # falls on every family's runs alike instead of on one family's block of runs
+        for k in range(repeats):
+            for name, trace in traces.items():
+                print(f"round {k + 1} of {repeats}: held-out family {name!r}, {len(trace)} requests ...", flush=True)
+                c = check.check_trace(trace, model, cal.CONFIGS["base"], repeats=1, clock=clock, label=name,
+                                      keep_runs=True, relevel=True, floor=False)
+                run = c.info.pop("engine_runs")[0]
+                run.label = f"{name} #{k + 1}"
+                run.info["load_average_1min"] = c.info["load_average_1min"]
+                held_runs.append(run)
+    for name, trace in traces.items():
         mine = [r for r in held_runs if _label_family(r.label) == name]
-        if runs_from is None:
-            print(f"held-out family {name!r}: {len(trace)} requests, {repeats} engine runs ...", flush=True)
-            c = check.check_trace(trace, model, cal.CONFIGS["base"], repeats=repeats, clock=clock, label=name,
-                                  keep_runs=True, relevel=True)
-            mine = c.info.pop("engine_runs")
-            held_runs += mine
-        else:
-            if not mine:
-                continue
-            loads = [(r.info.get("machine") or {}).get("load_average_1min") for r in mine]
-            levels = [r.info.get("level") for r in mine]
-            c = check.spread_check(name, mine, model, None if None in levels else levels,
-                                   info={"clock": clock, "load_average_1min": loads[0]})
+        if not mine:
+            continue
+        loads = [r.info.get("load_average_1min") or (r.info.get("machine") or {}).get("load_average_1min")
+                 for r in mine]
+        levels = [r.info.get("level") for r in mine]
+        c = check.spread_check(name, mine, model, None if None in levels else levels,
+                               info={"clock": clock, "load_average_1min": max(x for x in loads if x is not None)
+                                     if any(x is not None for x in loads) else None})
         c.info["speed_vs_calibration"] = _speed(mine, model)
         print(c.table(), flush=True)
         checks.append(c)
@@ -166,6 +173,12 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
             res[f"held_out_{key}_worst"] = round(max(e), 4)
             res[f"held_out_{key}_median"] = round(float(np.median(e)), 4)
     return res, fit_runs, held_runs
+
+
+def _span(xs) -> str:
+    """``"1.1-1.3"``, or ``"about 1.2"`` when the range rounds to one value."""
+    lo, hi = f"{min(xs):.2g}", f"{max(xs):.2g}"
+    return f"about {lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def _pct(x) -> str:
@@ -260,7 +273,7 @@ def calibration_md(c: dict) -> list:
                   f"percentiles ({beyond} of them outside the engine's own spread). Goal (issue 26, on a quiet "
                   f"machine): worst <= {GOAL_WORST:.0%} and median <= {GOAL_MEDIAN:.0%}: "
                   f"{'met' if ok else 'missed'} here"
-                  + (f", under load averages of {min(loads):g}-{max(loads):g}." if loads else ".")]
+                  + (f", under load averages of {_span(loads)}." if loads else ".")]
         extra = []
         if c.get("held_out_relevelled_worst") is not None:
             extra.append(f"scaled by each run's level probe, worst {c['held_out_relevelled_worst']:.1%}"
@@ -379,7 +392,7 @@ def main(argv=None) -> int:
             new["history"] = [{"when": (at.get("machine") or {}).get("date"), "git_commit": at.get("git_commit"),
                                "what": (was.get("model") or {}).get("meta", {}).get("calibration", "sweep"),
                                "worst": was["held_out_worst"], "median": was["held_out_median"],
-                               "loads": f"{min(loads):g}-{max(loads):g}" if loads else "not recorded"}] + \
+                               "loads": _span(loads) if loads else "not recorded"}] + \
                 list(was.get("history") or [])[:4]
     report = markdown(res)
     write_results(out, "sim", res, report)

@@ -1,21 +1,16 @@
 """Smoke run of benchmarks/bench_quant.py --quick into a temporary folder: the report and
 its JSON keys (chapter 19 reads them). No timing is asserted."""
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
-           RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+from bench_quick import ONE_THREAD, ROOT, quick_results
+
+ENV = dict(ONE_THREAD, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 
 def test_quant_quick(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_quant.py"), "--quick", "--out",
-                           str(tmp_path)], capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads((tmp_path / "quant.json").read_text())
+    r = quick_results("bench_quant.py", tmp_path, "quant", timeout=600, env=ENV)
     assert r["quick"] is True and "load_average_1min" in r["machine"]
     assert set(r["formats"]) == {"fp32", "bf16", "int8", "int4-g128", "int4-g32"}
     f = r["formats"]
@@ -43,5 +38,5 @@ def test_quant_quick(tmp_path):
 
 def test_quant_quick_refuses_to_overwrite_results():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_quant.py"), "--quick"],
-                          capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=60)
+                          capture_output=True, text=True, env=dict(os.environ, **ENV), cwd=str(ROOT), timeout=60)
     assert proc.returncode != 0 and "--out" in proc.stderr

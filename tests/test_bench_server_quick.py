@@ -1,20 +1,10 @@
 """Smoke run of benchmarks/bench_server.py: its --quick mode writes a complete report into a
 temporary folder (a real server process on an OS-chosen loopback port). No timing is asserted."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+from bench_quick import ONE_THREAD, quick_results
 
 
 def test_server_bench_quick(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_server.py"), "--quick", "--out",
-                           str(tmp_path)], capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads((tmp_path / "server.json").read_text())
+    r = quick_results("bench_server.py", tmp_path, "server", env=ONE_THREAD)
     assert r["quick"] is True and r["server_exit_code"] == 0
     assert len(r["throughput"]["pairs"]) == 1 and r["throughput"]["ratio_median"] > 0
     assert r["throughput"]["cpu_ratio_median"] > 0

@@ -1,24 +1,14 @@
 """Smoke run of benchmarks/bench_vs_vllm.py --quick: both engines (vLLM's from .venv-vllm) on
 servelab-main, eager, a few tiny requests; the same tokens, a complete record. Without
 .venv-vllm it runs servelab's side alone (--servelab-only). No timing is asserted."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from bench_quick import ONE_THREAD, ROOT, quick_results
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
 HAS_VLLM = (ROOT / ".venv-vllm" / ".servelab-vllm-installed").exists()
 
 
 def test_bench_vs_vllm_quick(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_vs_vllm.py"), "--quick", "--out", str(tmp_path)]
-    if not HAS_VLLM:
-        cmd.append("--servelab-only")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=str(ROOT), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    r = json.loads((tmp_path / "vs_vllm_offline.json").read_text())
+    r = quick_results("bench_vs_vllm.py", tmp_path, "vs_vllm_offline", *([] if HAS_VLLM else ["--servelab-only"]),
+                      env=ONE_THREAD)
     assert r["quick"] is True and len(r["cases"]) == 1
     case = r["cases"][0]
     engines = ["vllm", "servelab"] if HAS_VLLM else ["servelab"]
