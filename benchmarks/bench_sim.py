@@ -79,6 +79,14 @@ def _speed(runs, model) -> float | None:
     return round(float(np.median(refs)) / ref0, 3) if ref0 and refs else None
 
 
+def _sensitivity(trace, model, factor: float = 1.05) -> float:
+    """The largest change of a predicted percentile (TTFT/TPOT p50/p95) when every step is
+    ``factor`` times as long: how much a small step error is worth on this trace."""
+    a = check.predict(trace, model, cal.CONFIGS["base"])
+    b = check.predict(trace, model.scaled(factor), cal.CONFIGS["base"])
+    return round(max(abs(b[k] / a[k] - 1) for k in cal.METRICS), 4)
+
+
 def _label_family(label: str) -> str:
     return label.rsplit(" #", 1)[0]
 
@@ -111,7 +119,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
             for name, trace in traces.items():
                 print(f"round {k + 1} of {repeats}: held-out family {name!r}, {len(trace)} requests ...", flush=True)
                 c = check.check_trace(trace, model, cal.CONFIGS["base"], repeats=1, clock=clock, label=name,
-                                      keep_runs=True, relevel=True, floor=False)
+                                      keep_runs=True, relevel=True, own_fit=False)
                 run = c.info.pop("engine_runs")[0]
                 run.label = f"{name} #{k + 1}"
                 run.info["load_average_1min"] = c.info["load_average_1min"]
@@ -145,8 +153,9 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
                      "worst": round(c.worst, 4), "worst_spread": round(c.worst_spread, 4),
                      **({f"relevelled_{k}": round(v, 4) for k, v in c.errors_relevelled.items()}
                         if c.relevelled else {}),
-                     **({f"floor_{k}": round(v, 4) for k, v in c.floor_errors.items()} if c.floor else {}),
+                     **({f"own_fit_{k}": round(v, 4) for k, v in c.own_fit_errors.items()} if c.own_fit else {}),
                      "levels": c.info.get("levels"),
+                     "sensitivity_5pct": _sensitivity(c.label and traces[c.label], model),
                      "load_average_1min": c.info.get("load_average_1min"),
                      "speed_vs_calibration": c.info.get("speed_vs_calibration")})
     shapes = [s for r in fit_runs for s in r.shapes]
@@ -167,7 +176,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
     if errs:
         res["held_out_worst"] = round(max(errs), 4)
         res["held_out_median"] = round(float(np.median(errs)), 4)
-    for key in ("relevelled", "floor"):
+    for key in ("relevelled", "own_fit"):
         e = [abs(r[f"{key}_{k}"]) for r in rows if r["set"] == "held-out" for k in cal.METRICS if f"{key}_{k}" in r]
         if e:
             res[f"held_out_{key}_worst"] = round(max(e), 4)
@@ -251,10 +260,10 @@ def calibration_md(c: dict) -> list:
                   "median. After each run the same engine served a *level probe* (the calibration's poisson-mix "
                   "piece again): its measured over predicted step time is the machine's speed then against the "
                   "calibration (*machine speed*). *Scaled*: the worst error when each run's prediction is scaled "
-                  "by that speed. *Floor*: the worst error of a step model fitted to the family's own runs (as "
-                  "close as a model of this form gets to runs this noisy).", "",
+                  "by that speed. *Own-trace fit*: the worst error when each run is predicted by a step model "
+                  "fitted to the family's other runs (what a calibration on this very workload would do).", "",
                   "| family | what | req/s | TTFT p50 | TTFT p95 | TPOT p50 | TPOT p95 | worst | engine spread (worst) "
-                  "| machine speed | scaled | floor |",
+                  "| machine speed | scaled | own-trace fit |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def worst_of(r, key):
@@ -265,7 +274,7 @@ def calibration_md(c: dict) -> list:
             lv = r.get("levels")
             lines.append(f"| {r['workload']} | {r['description']} | {r['rate']:.2f} | {cells} | {r['worst']:.1%} | "
                          f"±{r['worst_spread']:.1%} | {', '.join(f'{x:.2f}x' for x in lv) if lv else '-'} | "
-                         f"{worst_of(r, 'relevelled')} | {worst_of(r, 'floor')} |")
+                         f"{worst_of(r, 'relevelled')} | {worst_of(r, 'own_fit')} |")
         w, med = c.get("held_out_worst"), c.get("held_out_median")
         ok = w is not None and w <= GOAL_WORST and med <= GOAL_MEDIAN
         beyond = sum(abs(r["error_" + k]) > r["spread_" + k] for r in held for k in cal.METRICS)
@@ -278,11 +287,15 @@ def calibration_md(c: dict) -> list:
         if c.get("held_out_relevelled_worst") is not None:
             extra.append(f"scaled by each run's level probe, worst {c['held_out_relevelled_worst']:.1%}"
                          f" and median {c['held_out_relevelled_median']:.1%}")
-        if c.get("held_out_floor_worst") is not None:
-            extra.append(f"the floor (a model fitted to each family's own runs), worst {c['held_out_floor_worst']:.1%} "
-                         f"and median {c['held_out_floor_median']:.1%}")
+        if c.get("held_out_own_fit_worst") is not None:
+            extra.append(f"each run predicted by a model fitted to its family's other runs, worst "
+                         f"{c['held_out_own_fit_worst']:.1%} and median {c['held_out_own_fit_median']:.1%}")
         if extra:
             lines[-1] += " Beside it: " + "; ".join(extra) + "."
+        sens = [(r["sensitivity_5pct"], r["workload"]) for r in held if r.get("sensitivity_5pct") is not None]
+        if sens:
+            lines += ["", "How much a step error is worth: with every step 5% slower, the simulator moves a "
+                      "family's percentiles by at most " + ", ".join(f"{w} {s:.0%}" for s, w in sens) + "."]
     fit_speeds = [f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in fit
                   if r.get("speed_vs_calibration") is not None]
     if held and any(r.get("speed_vs_calibration") for r in held):
@@ -385,7 +398,10 @@ def main(argv=None) -> int:
             if prev.get(key) is not None:
                 res.setdefault(key, prev[key])
         new, was = res.get("calibration") or {}, prev.get("calibration") or {}
-        if new is not was and was.get("held_out_worst") is not None and "goal" in was:
+        def when(x):
+            return ((x.get("engine_measured_at") or {}).get("machine") or {}).get("date")
+        # a refit from the same engine runs is the same measurement: not an earlier one
+        if new is not was and was.get("held_out_worst") is not None and "goal" in was and when(new) != when(was):
             at = was.get("engine_measured_at") or {}
             loads = [r.get("load_average_1min") for r in was["rows"] if r["set"] == "held-out"
                      and r.get("load_average_1min") is not None]
@@ -394,6 +410,8 @@ def main(argv=None) -> int:
                                "worst": was["held_out_worst"], "median": was["held_out_median"],
                                "loads": _span(loads) if loads else "not recorded"}] + \
                 list(was.get("history") or [])[:4]
+        elif new is not was and was.get("history"):
+            new["history"] = list(was["history"])
     report = markdown(res)
     write_results(out, "sim", res, report)
     print(report)

@@ -6,7 +6,7 @@
         print each percentile's measured median, spread, prediction and error, then
         "worst error: X%". The engine's steps are timed by their CPU time on a virtual
         clock (``--clock wall``: in real time, a busy machine's stalls included). The
-        table also gives a floor (a step model fitted to the checked runs themselves);
+        table also gives a step model fitted to the trace's other runs (the same workload);
         ``--relevel``: after each run the same engine serves a level probe (a
         calibration piece again), and the prediction scaled by the machine's speed it
         measures is shown too.

@@ -21,9 +21,9 @@ the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows ea
 checked run, on the same engine, with a *level probe*: one calibration piece
 served again (:func:`level_probe_trace`); its measured over predicted step time
 (:func:`machine_level`) is the machine's speed then, and the run's prediction
-scaled by it is reported as ``relevelled``. ``floor=True`` fits the step model to
-the checked runs themselves: as close as a model of this form gets to runs this
-noisy.
+scaled by it is reported as ``relevelled``. ``own_fit=True`` predicts each checked
+run with a step model fitted to the trace's *other* runs (all runs when there is
+one): what a calibration on this very workload would have done.
 
 Imports the engine (and torch) inside the functions.
 """
@@ -137,8 +137,8 @@ class SpreadCheck:
     info: dict = field(default_factory=dict)
     #: the prediction scaled by each run's level probe (None: no probe ran)
     relevelled: dict | None = None
-    #: the prediction of a step model fitted to these runs themselves (None: not computed)
-    floor: dict | None = None
+    #: the prediction of step models fitted to the trace's other runs (None: not computed)
+    own_fit: dict | None = None
 
     @property
     def measured(self) -> dict:
@@ -170,8 +170,8 @@ class SpreadCheck:
         return self._errors_of(self.relevelled)
 
     @property
-    def floor_errors(self) -> dict | None:
-        return self._errors_of(self.floor)
+    def own_fit_errors(self) -> dict | None:
+        return self._errors_of(self.own_fit)
 
     @property
     def worst_spread(self) -> float:
@@ -190,7 +190,7 @@ class SpreadCheck:
             lines.append("machine speed vs the calibration (level probe after each run): "
                          + ", ".join(f"{x:.2f}x" for x in levels))
         for name, errs in (("scaled by that speed", self.errors_relevelled),
-                           ("floor (step model fitted to these runs)", self.floor_errors)):
+                           ("fitted to the trace's other runs", self.own_fit_errors)):
             if errs:
                 lines.append(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errs.items())
                              + f"; worst {max(abs(v) for v in errs.values()):.1%}")
@@ -201,7 +201,7 @@ class SpreadCheck:
         return {"label": self.label, "runs": self.runs, "predicted": self.predicted, "measured": self.measured,
                 "spread": self.spread, "errors": self.errors, "worst": self.worst, "info": self.info,
                 "relevelled": self.relevelled, "errors_relevelled": self.errors_relevelled,
-                "floor": self.floor, "floor_errors": self.floor_errors}
+                "own_fit": self.own_fit, "own_fit_errors": self.own_fit_errors}
 
 
 def predict(trace: Trace, model, config: ReplicaConfig) -> dict:
@@ -231,17 +231,32 @@ def _median_of(preds: list) -> dict:
     return {k: float(np.median([p[k] for p in preds])) for k in METRICS}
 
 
+def _own_fit_prediction(engine_runs) -> dict | None:
+    """Each run predicted by a step model fitted to the other runs of its trace (out of sample;
+    minutes apart when the runs went in rounds), the median over runs; with one run, a fit to
+    it. None when the runs are too few to fit (a fit fails)."""
+    trace, config = engine_runs[0].trace, engine_runs[0].config
+    preds = []
+    for i in range(len(engine_runs)):
+        others = [r for j, r in enumerate(engine_runs) if j != i] or engine_runs
+        try:
+            preds.append(predict(trace, cal.fit_step_model(others), config))
+        except ValueError:  # e.g. too few steps of a kind for its row-count offsets
+            continue
+    return _median_of(preds) if preds else None
+
+
 def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
                 clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False,
-                relevel: bool = False, floor: bool = True) -> SpreadCheck:
+                relevel: bool = False, own_fit: bool = True) -> SpreadCheck:
     """Serve ``trace`` with the engine ``repeats`` times (a fresh engine each time, so no run
     finds another's prefixes cached) and compare the median of each percentile with the
     simulator's prediction, beside the runs' spread.
 
     ``relevel``: after each run, serve :func:`level_probe_trace` on the same engine and
     also report the prediction scaled by :func:`machine_level` (the machine's speed then
-    against the calibration) as ``relevelled``. ``floor``: also predict with a step model
-    fitted to the checked runs themselves."""
+    against the calibration) as ``relevelled``. ``own_fit``: also predict each run with a
+    step model fitted to the other runs (see the module doc)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
     config = config or cal.CONFIGS["base"]
@@ -263,13 +278,13 @@ def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, rep
         engine_runs.append(run)
     info = {"requests": len(trace), "rate": trace.rate, "config": config.__dict__, "clock": clock,
             "load_average_1min": round(os.getloadavg()[0], 2), "git_commit": cal.git_commit()}
-    check = spread_check(label, engine_runs, model, levels if relevel else None, floor=floor, info=info)
+    check = spread_check(label, engine_runs, model, levels if relevel else None, own_fit=own_fit, info=info)
     if keep_runs:
         check.info["engine_runs"] = engine_runs
     return check
 
 
-def spread_check(label: str, engine_runs: list, model, levels: list | None = None, *, floor: bool = True,
+def spread_check(label: str, engine_runs: list, model, levels: list | None = None, *, own_fit: bool = True,
                  info: dict | None = None) -> SpreadCheck:
     """A :class:`SpreadCheck` from engine runs of one trace (and config) already measured.
     ``levels``: each run's :func:`machine_level` from its level probe (None: no
@@ -287,9 +302,9 @@ def spread_check(label: str, engine_runs: list, model, levels: list | None = Non
             raise ValueError(f"{len(levels)} levels for {len(engine_runs)} runs: give one level per run")
         info["levels"] = [round(float(x), 4) for x in levels]
         relevelled = _median_of([predict(trace, model.scaled(x), config) for x in levels])
-    floor_pred = predict(trace, cal.fit_step_model(engine_runs), config) if floor else None
+    own = _own_fit_prediction(engine_runs) if own_fit else None
     return SpreadCheck(label, [r.percentiles() for r in engine_runs], predicted, info,
-                       relevelled=relevelled, floor=floor_pred)
+                       relevelled=relevelled, own_fit=own)
 
 
 def save_check(check: SpreadCheck, path) -> Path:
