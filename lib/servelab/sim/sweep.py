@@ -13,7 +13,8 @@ gaps).
 
 :func:`residuals_by_feature` says where a fitted model misses: the median of
 measured over predicted step time in bins of each feature (decode rows, context
-per row, prompt tokens, prompt chunks, prefix hits, decode groups).
+per row, prompt tokens, prompt chunks, prefix hits, prompt-only steps by size,
+decode groups).
 
 Pure Python + numpy (the engine runs in :mod:`servelab.sim.calibrate`).
 """
@@ -133,6 +134,7 @@ FEATURE_BINS = {
     "prompt tokens": (1, 32, 128, 256, 512),
     "prompt chunks": (1, 2, 3),
     "chunk offset (cached or earlier tokens)": (0, 1, 128, 512),
+    "prompt tokens, prompt-only steps": (1, 64, 128, 256),
 }
 
 
@@ -145,6 +147,8 @@ def _feature(name: str, s: StepShape):
         return s.prefill_tokens or None
     if name == "prompt chunks":
         return s.prefill_seqs or None
+    if name == "prompt tokens, prompt-only steps":
+        return s.prefill_tokens if s.prefill_tokens and not s.decode_rows else None
     if name == "chunk offset (cached or earlier tokens)":
         if not s.prefill_tokens:
             return None
