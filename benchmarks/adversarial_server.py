@@ -442,18 +442,25 @@ def log_clean(res: Results, group: str, server, label: str) -> None:
 
 
 # ---------------------------------------------------------------- signals under load
+def _all_started(n: int):
+    """``(event, on_first)``: call ``on_first`` at each stream's first event; the event is set
+    once all ``n`` streams have had theirs."""
+    started = asyncio.Event()
+    seen = [0]
+
+    def on_first():
+        seen[0] += 1
+        if seen[0] == n:
+            started.set()
+    return started, on_first
+
+
 async def _streams_then(url: str, action, max_tokens) -> tuple[list, list]:
     """Start STREAMS streams, run ``action`` once every stream has its first event, then
     try new requests while they end; return (stream results, new-request statuses)."""
     lim = httpx.Limits(max_connections=STREAMS + 20, max_keepalive_connections=STREAMS + 20)
     async with httpx.AsyncClient(base_url=url, timeout=CALL_TIMEOUT_S, limits=lim) as ac:
-        started = asyncio.Event()
-        counts = {"first": 0}
-
-        def first():
-            counts["first"] += 1
-            if counts["first"] == STREAMS:
-                started.set()
+        started, first = _all_started(STREAMS)
 
         async def one(k):
             b = body(prompt=f"item {k}:", max_tokens=max_tokens(k), ignore_eos=True, stream=True)
@@ -583,13 +590,7 @@ def tensor_parallel_worker_death(res: Results, streams: int = 8) -> None:
 
         async def go():
             async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as ac:
-                started = asyncio.Event()
-                counts = {"first": 0}
-
-                def first():
-                    counts["first"] += 1
-                    if counts["first"] == streams:
-                        started.set()
+                started, first = _all_started(streams)
                 tasks = [asyncio.create_task(stream_one(ac, body(prompt=f"item {k}:", max_tokens=100,
                                                                  ignore_eos=True, stream=True), on_first=first))
                          for k in range(streams)]
