@@ -118,22 +118,13 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
         for k in range(repeats):
             for name, trace in traces.items():
                 print(f"round {k + 1} of {repeats}: held-out family {name!r}, {len(trace)} requests ...", flush=True)
-                c = check.check_trace(trace, model, cal.CONFIGS["base"], repeats=1, clock=clock, label=name,
-                                      keep_runs=True, relevel=True, own_fit=False)
-                run = c.info.pop("engine_runs")[0]
-                run.label = f"{name} #{k + 1}"
-                run.info["load_average_1min"] = c.info["load_average_1min"]
-                held_runs.append(run)
+                held_runs.append(check.serve_once(trace, model, cal.CONFIGS["base"], clock=clock,
+                                                  label=f"{name} #{k + 1}", seed_offset=k, relevel=True))
     for name, trace in traces.items():
         mine = [r for r in held_runs if _label_family(r.label) == name]
         if not mine:
             continue
-        loads = [r.info.get("load_average_1min") or (r.info.get("machine") or {}).get("load_average_1min")
-                 for r in mine]
-        levels = [r.info.get("level") for r in mine]
-        c = check.spread_check(name, mine, model, None if None in levels else levels,
-                               info={"clock": clock, "load_average_1min": max(x for x in loads if x is not None)
-                                     if any(x is not None for x in loads) else None})
+        c = check.spread_check(name, mine, model, info={"clock": clock})
         c.info["speed_vs_calibration"] = _speed(mine, model)
         print(c.table(), flush=True)
         checks.append(c)
@@ -155,7 +146,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
                         if c.relevelled else {}),
                      **({f"own_fit_{k}": round(v, 4) for k, v in c.own_fit_errors.items()} if c.own_fit else {}),
                      "levels": c.info.get("levels"),
-                     "sensitivity_5pct": _sensitivity(c.label and traces[c.label], model),
+                     "sensitivity_5pct": _sensitivity(traces[c.label], model),
                      "load_average_1min": c.info.get("load_average_1min"),
                      "speed_vs_calibration": c.info.get("speed_vs_calibration")})
     shapes = [s for r in fit_runs for s in r.shapes]

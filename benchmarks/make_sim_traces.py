@@ -12,9 +12,10 @@ model (context 1,024 tokens) on one CPU core: the rates put the replica (32
 seats, 512-token step budget) from half busy to overloaded, as a first fit on a
 2-vCPU Xeon predicted (fixed here, so every machine replays the same traces). "overload"
 arrives at over twice what 32 seats serve (about 60 requests/s there), so requests wait
-for a seat on any machine within 2x of that one's speed; at the knee itself
-(arrivals equal to capacity) a 5% slower step doubles TTFT p50, so no step model
-could be judged there.
+for a seat on any machine within 2x of that one's speed. At the knee itself (arrivals
+equal to capacity) a queue's length swings with a few percent of step time (the
+earlier 60/s family: a 5% slower step model moved TTFT p50 by +119% in one check),
+so no step model could be judged there.
 """
 from __future__ import annotations
 

@@ -114,16 +114,17 @@ def test_relevelled_prediction_takes_the_machine_speed_from_the_probe():
     config = cal.CONFIGS["base"]
     trace = synthetic(80, 20.0, seed=3)
     slow = [_run_like_engine(trace, model.scaled(1.3), config, f"r{k}") for k in range(2)]
-    c = check.spread_check("t", slow, model, levels=[1.3, 1.3], own_fit=False)
+    plain = check.spread_check("t", slow, model, own_fit=False)
+    assert plain.relevelled is None  # no run had a level probe
+    slow[0].info["level"] = 1.3
+    assert check.spread_check("t", slow, model, own_fit=False).relevelled is None  # one run lacks it
+    slow[1].info["level"] = 1.3
+    c = check.spread_check("t", slow, model, own_fit=False)
     assert max(abs(v) for v in c.errors_relevelled.values()) < 1e-9  # scaled by the probe: the runs
     assert c.worst > 0.15  # as calibrated it misses: the verdict
-    assert c.info["levels"] == [1.3, 1.3]
+    assert c.info["levels"] == [1.3, 1.3] and plain.predicted == c.predicted
     text = c.table()
     assert "1.30x" in text and "scaled by that speed" in text and text.splitlines()[-1].startswith("worst error:")
-    plain = check.spread_check("t", slow, model, levels=None, own_fit=False)
-    assert plain.relevelled is None and plain.predicted == c.predicted
-    with pytest.raises(ValueError, match="one level per run"):
-        check.spread_check("t", slow, model, levels=[1.3])
 
 
 def test_machine_level_is_measured_over_predicted_step_time():

@@ -193,7 +193,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     probe_s = speed_probe(llm, seed=seed, clock=clock) if probe else None
     reference = reference_work(llm) if clock == "cpu" and reference_every else None
     refs: list[float] = []
-    ref_at: list[int] = []  # how many steps had run when each reference timing was taken
 
     shapes: list[StepShape] = []
     groups: list[int] = []  # decode groups per step (not on the wall clock)
@@ -236,7 +235,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     c0 = time.thread_time()
                     reference()
                     refs.append(time.thread_time() - c0)
-                    ref_at.append(len(shapes))
                 for out in got:
                     i = int(out.request_id)
                     if count[i] == 0:
@@ -289,7 +287,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     if refs:
         info["reference_s"] = [round(x, 7) for x in refs]
-        info["reference_at_step"] = ref_at
     if groups:
         info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)

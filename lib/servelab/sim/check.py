@@ -46,7 +46,7 @@ from servelab.workload import Trace, percentile
 
 __all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
-           "machine_level", "spread_check"]
+           "machine_level", "spread_check", "serve_once"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -246,12 +246,29 @@ def _own_fit_prediction(engine_runs) -> dict | None:
     return _median_of(preds) if preds else None
 
 
+def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, model_dir=None, clock: str = "cpu",
+               label: str = "", seed_offset: int = 0, relevel: bool = False):
+    """Serve ``trace`` once with a freshly built engine (no prefixes cached from another run);
+    an :class:`~servelab.sim.calibrate.EngineRun` with ``info["load_average_1min"]``. With
+    ``relevel``, the same engine then serves :func:`level_probe_trace` (other prompts: another
+    seed, so no prefix hits) and ``info["level"]`` is its :func:`machine_level`."""
+    config = config or cal.CONFIGS["base"]
+    llm = cal.build_llm(config, model_dir)
+    run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False)
+    run.info["load_average_1min"] = round(os.getloadavg()[0], 2)
+    if relevel:
+        probe = cal.run_engine(level_probe_trace(), config, llm=llm, seed=1000 + seed_offset,
+                               label=f"level probe {label}", clock=clock, probe=False)
+        run.info["level"] = machine_level(probe, model)
+    return run
+
+
 def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
                 clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False,
                 relevel: bool = False, own_fit: bool = True) -> SpreadCheck:
-    """Serve ``trace`` with the engine ``repeats`` times (a fresh engine each time, so no run
-    finds another's prefixes cached) and compare the median of each percentile with the
-    simulator's prediction, beside the runs' spread.
+    """Serve ``trace`` with the engine ``repeats`` times (:func:`serve_once`: a fresh engine
+    each time) and compare the median of each percentile with the simulator's prediction,
+    beside the runs' spread (:func:`spread_check`).
 
     ``relevel``: after each run, serve :func:`level_probe_trace` on the same engine and
     also report the prediction scaled by :func:`machine_level` (the machine's speed then
@@ -261,34 +278,24 @@ def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, rep
         raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
     config = config or cal.CONFIGS["base"]
     relevel = relevel and hasattr(model, "scaled")  # a model that cannot be scaled has no relevelled line
-    engine_runs, levels = [], []
-    probe_trace = level_probe_trace() if relevel else None
+    engine_runs = []
     for k in range(repeats):
         if say:
             say(f"engine run {k + 1} of {repeats} ..." + (" (then the level probe)" if relevel else ""))
-        llm = cal.build_llm(config, model_dir)
-        run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=f"{label} #{k + 1}", clock=clock,
-                             probe=False)
-        if relevel:  # other prompts than the trace's (another seed): no prefix hits between them
-            probe = cal.run_engine(probe_trace, config, llm=llm, seed=1000 + k, label=f"level probe {label} #{k + 1}",
-                                   clock=clock, probe=False)
-            levels.append(machine_level(probe, model))
-            run.info["level"] = levels[-1]
-        del llm
-        engine_runs.append(run)
-    info = {"requests": len(trace), "rate": trace.rate, "config": config.__dict__, "clock": clock,
-            "load_average_1min": round(os.getloadavg()[0], 2), "git_commit": cal.git_commit()}
-    check = spread_check(label, engine_runs, model, levels if relevel else None, own_fit=own_fit, info=info)
+        engine_runs.append(serve_once(trace, model, config, model_dir=model_dir, clock=clock,
+                                      label=f"{label} #{k + 1}", seed_offset=k, relevel=relevel))
+    info = {"config": config.__dict__, "clock": clock, "git_commit": cal.git_commit()}
+    check = spread_check(label, engine_runs, model, own_fit=own_fit, info=info)
     if keep_runs:
         check.info["engine_runs"] = engine_runs
     return check
 
 
-def spread_check(label: str, engine_runs: list, model, levels: list | None = None, *, own_fit: bool = True,
+def spread_check(label: str, engine_runs: list, model, *, own_fit: bool = True,
                  info: dict | None = None) -> SpreadCheck:
-    """A :class:`SpreadCheck` from engine runs of one trace (and config) already measured.
-    ``levels``: each run's :func:`machine_level` from its level probe (None: no
-    relevelled prediction)."""
+    """A :class:`SpreadCheck` from engine runs of one trace (and config) already measured
+    (:func:`serve_once`). When every run has its level probe's ``info["level"]``, the
+    prediction scaled by each is reported as ``relevelled``."""
     if not engine_runs:
         raise ValueError("spread_check needs at least one engine run")
     trace, config = engine_runs[0].trace, engine_runs[0].config
@@ -296,10 +303,11 @@ def spread_check(label: str, engine_runs: list, model, levels: list | None = Non
     info.setdefault("requests", len(trace))
     info.setdefault("rate", trace.rate)
     info["steps"] = [len(r.shapes) for r in engine_runs]
+    loads = [r.info["load_average_1min"] for r in engine_runs if r.info.get("load_average_1min") is not None]
+    info.setdefault("load_average_1min", max(loads, default=None))
     predicted, relevelled = predict(trace, model, config), None
-    if levels is not None:
-        if len(levels) != len(engine_runs):
-            raise ValueError(f"{len(levels)} levels for {len(engine_runs)} runs: give one level per run")
+    levels = [r.info.get("level") for r in engine_runs]
+    if None not in levels:
         info["levels"] = [round(float(x), 4) for x in levels]
         relevelled = _median_of([predict(trace, model.scaled(x), config) for x in levels])
     own = _own_fit_prediction(engine_runs) if own_fit else None
