@@ -41,7 +41,7 @@ import numpy as np
 from servelab.sim import calibrate as cal
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.fingerprint import engine_fingerprint, machine_key
-from servelab.sim.sweep import residuals_by_feature, sweep_traces
+from servelab.sim.sweep import random_streams, residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
 __all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
@@ -213,9 +213,10 @@ def predict(trace: Trace, model, config: ReplicaConfig) -> dict:
 
 
 def level_probe_trace() -> Trace:
-    """The level probe: the quick calibration's "poisson mix" piece (60 requests), which the
-    step model was fitted to, so its prediction is right at the calibration's speed."""
-    return sweep_traces(quick=True)["poisson mix"][0]
+    """The level probe: the quick calibration's Poisson stream (60 requests, served whole),
+    whose pieces the step model was fitted to, so its prediction is right at the calibration's
+    speed."""
+    return random_streams(quick=True)["poisson mix"][0]
 
 
 def machine_level(run, model) -> float:

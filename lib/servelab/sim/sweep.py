@@ -3,13 +3,17 @@
 :func:`sweep_traces` builds traces whose pieces put the engine, one at a time,
 into chosen states: decode batches of every size up to the seat limit at short,
 medium and long contexts (their prompts go through chunked prefill steps on the
-way), streams joined by a prompt (mixed steps), long prompts cut into chunks
-while streams decode, groups sharing a prefix (prefix-cache hits), a pool too
-small for its requests (preemption and recomputation), and three random
-streams (Poisson, bursty, and one fast enough to fill every seat) for the
-mixtures a queue makes. Pieces are spaced far apart on the trace's clock, so
-each starts on an idle engine (the engine check's virtual clock jumps over the
-gaps).
+way), streams joined by a prompt (mixed steps), groups sharing a prefix
+(prefix-cache hits), lone prompts on an idle engine (with and without a cached
+prefix: what starts each busy period of a served trace), and three random
+streams (Poisson, bursty, and one fast enough to fill every seat) cut into
+pieces, for the mixtures a queue makes; then long prompts cut into chunks while
+streams decode, and a pool too small for its requests (preemption and
+recomputation), each on its own replica. Pieces are spaced far apart on the
+trace's clock, so each starts on an idle engine (the engine check's virtual
+clock jumps over the gaps), and laid out in a seeded random order: this
+machine's speed wanders by a fifth over a few seconds, and a fixed order would
+fit that wander as a cost of whatever shapes ran during it.
 
 :func:`residuals_by_feature` says where a fitted model misses: the median of
 measured over predicted step time in bins of each feature (decode rows, context
@@ -26,7 +30,7 @@ from servelab.sim.core import ReplicaConfig
 from servelab.sim.step_model import StepShape, step_kind
 from servelab.workload import Exponential, LogNormal, Trace, synthetic
 
-__all__ = ["SWEEP_CONFIGS", "sweep_traces", "residuals_by_feature", "FEATURE_BINS", "GAP_S"]
+__all__ = ["SWEEP_CONFIGS", "sweep_traces", "random_streams", "residuals_by_feature", "FEATURE_BINS", "GAP_S"]
 
 #: Seconds between pieces on the trace's clock: far longer than any piece runs.
 GAP_S = 1000.0
@@ -41,21 +45,42 @@ SWEEP_CONFIGS = {
 
 
 class _Builder:
+    """Pieces of a calibration trace, laid out ``GAP_S`` apart in a seeded random order: a drift
+    of the machine's speed over seconds then falls on every shape alike, instead of on whichever
+    pieces a fixed order ran during it."""
+
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
-        self.t = 0.0
-        self.rows: list[tuple] = []  # (arrival, prompt, output, group, prefix)
+        self.pieces: list[list[tuple]] = []  # each: (offset s, prompt, output, group, prefix)
         self.groups = 0
 
     def piece(self, requests) -> None:
         """``requests``: (offset s, prompt tokens, output tokens, group or -1, prefix tokens)."""
-        for off, p, o, g, pre in requests:
-            self.rows.append((self.t + off, p, o, g, pre))
-        self.t += GAP_S
+        self.pieces.append([tuple(r) for r in requests])
 
     def trace(self) -> Trace:
-        a, p, o, g, pre = zip(*self.rows)
+        rows = []
+        for k, i in enumerate(self.rng.permutation(len(self.pieces))):
+            rows += [(k * GAP_S + off, p, o, g, pre) for off, p, o, g, pre in self.pieces[int(i)]]
+        rows.sort(key=lambda r: r[0])
+        a, p, o, g, pre = zip(*rows)
         return Trace(a, p, o, g, pre)
+
+    def stream(self, trace: Trace, segment: int) -> None:
+        """A random stream cut into pieces of ``segment`` requests (in arrival order), each
+        starting on an idle engine; its prefix groups renumbered after this builder's own."""
+        groups = {}
+        for lo in range(0, len(trace), segment):
+            t0 = float(trace.arrival_s[lo])
+            reqs = []
+            for i in range(lo, min(lo + segment, len(trace))):
+                g = int(trace.prefix_group[i])
+                if g >= 0 and g not in groups:
+                    groups[g] = self.groups
+                    self.groups += 1
+                reqs.append((float(trace.arrival_s[i]) - t0, int(trace.prompt_tokens[i]),
+                             int(trace.output_tokens[i]), groups.get(g, -1), int(trace.prefix_tokens[i])))
+            self.piece(reqs)
 
 
 def _fits(cfg: ReplicaConfig, rows: int, tokens_each: int, max_len: int) -> bool:
@@ -101,6 +126,23 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
             b.groups += 1
             b.piece([(0.0, pre + 16, 4, g, pre)] + [(0.5, pre + int(k), 8, g, pre) for k in
                                                     rng_out.integers(8, 64, r)])
+    # lone prompts, each on an idle engine (what starts every busy period of a served trace): one
+    # prompt per step, so the line through the batched prompts above does not price them alone
+    lone = ((8, 24, 48, 96, 160, 256, 400, 512) if quick else
+            (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 400, 512))
+    for _ in range(2 if quick else 3):
+        for p in lone:
+            b.piece([(0.0, p, 4, -1, 0)])
+    # ... and after a cached prefix: the first request alone, a second one later hits its prefix
+    for pre, new in (((128, 24), (256, 48), (384, 96)) if quick else
+                     ((128, 16), (128, 96), (256, 32), (256, 160), (384, 48), (512, 96))):
+        g = b.groups
+        b.groups += 1
+        b.piece([(0.0, pre + 8, 2, g, pre), (0.5, pre + new, 4, g, pre)])
+    # three random streams (Poisson, bursty, and one fast enough to fill every seat) for the
+    # mixtures a queue makes, cut into pieces so they interleave with the designed ones
+    for trace, segment in random_streams(quick, seed, rate).values():
+        b.stream(trace, segment)
     out["sweep"] = (b.trace(), base)
 
     c = _Builder(seed + 1)  # long prompts cut into chunks while streams decode (long contexts)
@@ -114,17 +156,24 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     for n, p in (((12, 120),) if quick else ((12, 120), (24, 60), (6, 300))):
         t.piece([(0.0, p, p, -1, 0)] * n)
     out["preemption"] = (t.trace(), SWEEP_CONFIGS["tight"])
+    return out
 
+
+def random_streams(quick: bool = False, seed: int = 0, rate: float | None = None) -> dict:
+    """``{name: (trace, segment)}``: the sweep's random streams (Poisson, bursty with shared
+    prefixes, and one fast enough to fill every seat), each with the piece size the sweep cuts it
+    into. ``rate``: see :func:`sweep_traces`."""
     n = 60 if quick else 200
     rate = 6.0 if rate is None else rate
     mix = dict(prompt=LogNormal(100, 1.0, 8, 600), output=Exponential(40, 300))
-    out["poisson mix"] = (synthetic(n, rate, seed=seed + 3, **mix), base)
-    out["bursty"] = (synthetic(n, rate, seed=seed + 4, arrival="gamma", cv=3.0, prefix_groups=2, prefix_tokens=200,
-                               prefix_share=0.3, **mix), base)
-    # a stream fast enough to fill the seats: many full decode batches of varied contexts
-    out["full seats"] = (synthetic(150 if quick else 400, 8 * rate, seed=seed + 5, prompt=LogNormal(40, 0.6, 8, 300),
-                                   output=Exponential(48, 240)), base)
-    return out
+    full = 150 if quick else 400
+    return {
+        "poisson mix": (synthetic(n, rate, seed=seed + 3, **mix), 20),
+        "bursty": (synthetic(n, rate, seed=seed + 4, arrival="gamma", cv=3.0, prefix_groups=2, prefix_tokens=200,
+                             prefix_share=0.3, **mix), 20),
+        "full seats": (synthetic(full, 8 * rate, seed=seed + 5, prompt=LogNormal(40, 0.6, 8, 300),
+                                 output=Exponential(48, 240)), 50),
+    }
 
 
 #: Bin edges per feature for :func:`residuals_by_feature` (a bin holds edge <= x < next edge).
