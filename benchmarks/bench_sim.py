@@ -19,9 +19,11 @@ serves each held-out family of ``benchmarks/make_sim_traces.py`` with the engine
 ``--repeats`` times (the engine's own run-to-run spread) and once with the
 simulator, and publishes each percentile's error beside that spread, as Vidur
 does (Agrawal et al., MLSys 2024) for held-out traces. The engine serves on one
-thread with its own scheduler; each step is timed by the CPU time it used and
-arrivals come on a virtual clock advanced by those times (``--clock wall``
-serves in real time instead).
+thread with its own scheduler; each step is timed by the CPU time it used,
+divided by the machine's level then (a fixed piece of work timed every 10 steps
+against its time at the calibration's start: the steady clock), and arrivals
+come on a virtual clock advanced by those times (``--clock cpu``: CPU time as it
+came; ``--clock wall``: real time).
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ from make_sim_traces import FAMILIES, OUT as TRACES, file_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
+#: Seconds of a run's steps per window of the within-run wander (sim.md).
+WINDOW_S = 2.0
 
 
 def speed(n: int) -> dict:
@@ -91,7 +95,7 @@ def _label_family(label: str) -> str:
     return label.rsplit(" #", 1)[0]
 
 
-def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", repeats: int = 3) -> tuple:
+def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", repeats: int = 3) -> tuple:
     """Calibrate (or refit from saved runs), then check every held-out family. Returns
     ``(result, fit_runs, held_runs)``."""
     if runs_from is not None:
@@ -126,6 +130,14 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
             continue
         c = check.spread_check(name, mine, model, info={"clock": clock})
         c.info["speed_vs_calibration"] = _speed(mine, model)
+        # the machine's wander within each run: measured over predicted time in 2-second windows
+        windows = np.concatenate([check.speed_windows(r, model, WINDOW_S) for r in mine])
+        c.info["wander"] = [round(float(x), 3) for x in np.quantile(windows, (0.1, 0.5, 0.9))] \
+            if len(windows) else None
+        # on the steady clock: the machine's level the runs were divided by
+        levels = [x for r in mine for x in (r.info.get("levels") or [])]
+        c.info["machine_levels"] = [round(float(x), 3) for x in np.quantile(levels, (0.1, 0.5, 0.9))] \
+            if levels else None
         print(c.table(), flush=True)
         checks.append(c)
     rows = []
@@ -148,6 +160,8 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "cpu", rep
                      "levels": c.info.get("levels"),
                      "sensitivity_5pct": _sensitivity(traces[c.label], model),
                      "load_average_1min": c.info.get("load_average_1min"),
+                     "wander_p10_p50_p90": c.info.get("wander"),
+                     "machine_level_p10_p50_p90": c.info.get("machine_levels"),
                      "speed_vs_calibration": c.info.get("speed_vs_calibration")})
     shapes = [s for r in fit_runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in fit_runs])
@@ -195,9 +209,17 @@ def calibration_md(c: dict) -> list:
     lines = ["## Calibration and the check on held-out traces", "",
              f"Engine runs measured at commit {at.get('git_commit')} (engine tree {at.get('engine_tree')}) on "
              f"{am.get('cpu')} ({am.get('logical_cpus')} logical CPUs, {am.get('date')}), one thread, each step "
-             "timed by the CPU time its thread used and arrivals on a virtual clock advanced by those times "
-             "(so other processes' time is not counted; neighbours sharing the core's caches still slow a "
-             "step). Load average (1 min) when the calibration began: "
+             + ("timed by the CPU time its thread used, divided by the machine's level then (the *steady clock*: "
+                "a fixed piece of work, one row through every weight matrix after four untimed passes, is timed "
+                "every 10 steps, and the level is the median of the latest three timings over its time at the "
+                f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms), and arrivals on a virtual clock "
+                "advanced by those times (so other processes' time is not counted, and the wander of the "
+                "machine's own speed is divided out). Load average"
+                if at.get("clock") == "steady" and meta.get("reference_base_s") else
+                "timed by the CPU time its thread used and arrivals on a virtual clock advanced by those times "
+                "(so other processes' time is not counted; neighbours sharing the core's caches still slow a "
+                "step). Load average")
+             + " (1 min) when the calibration began: "
              f"{am.get('load_average_1min')}; during the checks: "
              + (", ".join(f"{x:g}" for x in loads) if loads else "not recorded") + ". "
              "This machine is shared by several developers: the load figures say how busy it was, and the "
@@ -283,6 +305,18 @@ def calibration_md(c: dict) -> list:
                          f"{c['held_out_own_fit_worst']:.1%} and median {c['held_out_own_fit_median']:.1%}")
         if extra:
             lines[-1] += " Beside it: " + "; ".join(extra) + "."
+        wander = [(r["workload"], r["wander_p10_p50_p90"]) for r in held if r.get("wander_p10_p50_p90")]
+        if wander:
+            lines += ["", f"How the machine's speed wandered within a run: over windows of {WINDOW_S:g} s of a run's "
+                      "steps, measured over predicted time from its 10th to its 90th percentile (median in "
+                      "brackets): " + ", ".join(f"{w} {q[0]:.2f}-{q[2]:.2f}x ({q[1]:.2f}x)" for w, q in wander)
+                      + ". A window's time is what a request waiting or streaming then feels, so the tails of "
+                      "a run's TTFT and TPOT carry this wander; the simulator's steps are the model's, without it."]
+        lv = [(r["workload"], r["machine_level_p10_p50_p90"]) for r in held if r.get("machine_level_p10_p50_p90")]
+        if lv:
+            lines[-1] += (" The steady clock had already divided out the machine's level, which read (10th to 90th "
+                          "percentile of its readings, median in brackets): " + ", ".join(
+                              f"{w} {q[0]:.2f}-{q[2]:.2f}x ({q[1]:.2f}x)" for w, q in lv) + ".")
         sens = [(r["sensitivity_5pct"], r["workload"]) for r in held if r.get("sensitivity_5pct") is not None]
         if sens:
             lines += ["", "How much a step error is worth: with every step 5% slower, the simulator moves a "
@@ -348,8 +382,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick-calibration", action="store_true", help="the smaller calibration sweep")
     p.add_argument("--repeats", type=int, default=3, help="engine runs per held-out family (default %(default)s)")
     p.add_argument("--runs-from", default=None, help="refit from saved engine runs instead of measuring")
-    p.add_argument("--clock", default="cpu", choices=cal.CLOCKS,
-                   help="time engine steps by their CPU time on a virtual clock (default) or by the wall clock")
+    p.add_argument("--clock", default="steady", choices=cal.CLOCKS,
+                   help="time engine steps by their CPU time over the machine's level on a virtual clock "
+                        "(steady, the default), their CPU time as it came (cpu), or the wall clock")
     p.add_argument("--data-dir", default=None, help="where to save the step model and the runs "
                    "(default: data/sim)")
     a = p.parse_args(argv)

@@ -63,6 +63,26 @@ def test_reference_work_tracks_the_machine():
     assert cal.speed_factor(r, model) == pytest.approx(1.0)
 
 
+def test_steady_clock_divides_each_step_by_the_machines_level():
+    """The steady clock: five reference timings before the first step set the base (or the
+    caller's), every ``reference_every`` steps a new timing moves the level (median of the latest
+    three over the base), and each step's CPU time is divided by the level then."""
+    r = cal.run_engine(TRACE.subset(slice(0, 6)), CFG, label="steady", warmup=1, probe=False, clock="steady",
+                       reference_every=2)
+    assert r.info["clock"] == "steady" and r.info["reference_base_s"] > 0
+    assert len(r.info["levels"]) == len(r.info["reference_s"]) == len(r.shapes) // 2
+    assert all(x > 0 for x in r.info["levels"]) and np.all(r.durations > 0)
+    # a base twice the machine's reference time: every step reads about half its CPU time
+    half = cal.run_engine(TRACE.subset(slice(0, 6)), CFG, label="half", warmup=1, probe=False, clock="steady",
+                          reference_every=2, reference_base=2 * r.info["reference_base_s"])
+    assert half.info["reference_base_s"] == 2 * r.info["reference_base_s"]
+    assert np.median(half.info["levels"]) < 0.8  # the machine reads as twice as fast as the base
+    with pytest.raises(ValueError, match="reference_every"):
+        cal.run_engine(TRACE, CFG, clock="steady", reference_every=0)
+    with pytest.raises(ValueError, match="reference_base"):
+        cal.run_engine(TRACE, CFG, clock="steady", reference_base=-1.0)
+
+
 def test_wall_clock_still_runs():
     r = cal.run_engine(TRACE.subset(slice(0, 4)), CFG, label="wall", warmup=1, clock="wall", probe=False)
     assert r.info["clock"] == "wall" and np.all(r.ttft > 0) and len(r.durations) == len(r.shapes)

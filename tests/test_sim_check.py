@@ -38,6 +38,7 @@ def test_cache_is_keyed_by_machine_engine_and_checkpoint(tmp_path, monkeypatch):
     assert p.parent == tmp_path / "sim"
     assert fingerprint.machine_key() in p.name and fingerprint.engine_fingerprint() in p.name
     assert check.cache_path(quick=False) != p
+    assert check.cache_path(clock="cpu") != p  # a calibration on another clock is another model
     # a cached calibration is used as it is: nothing is measured
     m = LinearStepModel(a=0.004, meta={"engine_fingerprint": fingerprint.engine_fingerprint(),
                                        "machine_key": fingerprint.machine_key(), "model": check.model_tag()})
@@ -143,3 +144,15 @@ def test_machine_level_is_measured_over_predicted_step_time():
         check.machine_level(cal.EngineRun(None, None, [], np.zeros(0), *[np.zeros(0)] * 3), model)
     probe = check.level_probe_trace()
     assert len(probe) == 60 and probe.timed  # the quick calibration's poisson-mix piece
+
+
+def test_speed_windows_find_a_wander_within_a_run():
+    model = LinearStepModel(a=0.010)
+    shapes = [StepShape(0, 1, 10)] * 400
+    durs = np.array([0.010] * 200 + [0.012] * 200)  # the second half runs a fifth slow
+    run = cal.EngineRun(None, None, shapes, durs, np.zeros(0), np.zeros(0), np.zeros(0), "r")
+    w = check.speed_windows(run, model, window_s=0.5)
+    assert len(w) == 8  # 4.4 s of steps: the last 0.4 s window dropped
+    assert w[0] == pytest.approx(1.0) and w[-1] == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="window_s"):
+        check.speed_windows(run, model, window_s=0)

@@ -5,7 +5,10 @@
         and with the simulator calibrated on this machine (made first if there is none);
         print each percentile's measured median, spread, prediction and error, then
         "worst error: X%". The engine's steps are timed by their CPU time on a virtual
-        clock (``--clock wall``: in real time, a busy machine's stalls included). The
+        clock, divided by the machine's level (the steady clock: the wander of a shared
+        machine's speed read from a fixed piece of work every 10 steps; ``--clock cpu``:
+        CPU time as it came; ``--clock wall``: real time, a busy machine's stalls
+        included). The clock defaults to the step model's own. The
         table also gives a step model fitted to the trace's other runs (the same workload);
         ``--relevel``: after each run the same engine serves a level probe (a
         calibration piece again), and the prediction scaled by the machine's speed it
@@ -52,7 +55,7 @@ def cmd_check(a) -> int:
         model = calibrate.load_step_model(a.step_model)
         where = a.step_model
     else:
-        model, where = check.step_model_here(quick=True, model_dir=a.model, clock=a.clock)
+        model, where = check.step_model_here(quick=True, model_dir=a.model, clock=a.clock or "steady")
     meta = getattr(model, "meta", {})
     print(f"trace: {len(trace)} requests over {trace.duration_s:.1f} s; step model {where} "
           f"({meta.get('calibration', 'fitted')} at commit {meta.get('git_commit', '?')})")
@@ -70,7 +73,7 @@ def cmd_calibrate(a) -> int:
     from servelab.sim import calibrate, check
     t0 = time.time()
     model, runs = check.calibrate_here(quick=a.quick, model_dir=a.model, clock=a.clock)
-    path = calibrate.save_step_model(model, check.cache_path(a.model, a.quick))
+    path = calibrate.save_step_model(model, check.cache_path(a.model, a.quick, a.clock))
     print(f"step model: {model.describe()}")
     print(f"median per-step error {model.meta['median_abs_rel_err']:.1%} over {model.meta['n_steps']} steps, "
           f"R^2 {model.meta['r2']:.3f}")
@@ -115,14 +118,16 @@ def main(argv=None) -> int:
     c.add_argument("--relevel", action="store_true",
                    help="after each run, measure the machine's speed with a calibration piece and also show "
                         "the prediction scaled by it")
-    c.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
-                   help="time the engine's steps by their CPU time on a virtual clock (default) or in real time")
+    c.add_argument("--clock", default=None, choices=("steady", "cpu", "wall"),
+                   help="time the engine's steps by their CPU time over the machine's level (steady), their "
+                        "CPU time (cpu), or in real time (wall); default: the step model's own clock")
     _config_args(c)
     k = sub.add_parser("calibrate", help="refit the step model on this machine and save it")
     k.add_argument("--model", default=None)
     k.add_argument("--out", default=None, help="also save it here (e.g. data/sim/step_model.json)")
     k.add_argument("--quick", action="store_true", help="the smaller sweep (under 3 minutes)")
-    k.add_argument("--clock", default="cpu", choices=("cpu", "wall"), help="as for check")
+    k.add_argument("--clock", default="steady", choices=("steady", "cpu", "wall"),
+                   help="as for check (default %(default)s)")
     r = sub.add_parser("run", help="simulate a synthetic stream on registry chips")
     r.add_argument("--n", type=int, default=100_000)
     r.add_argument("--rate", type=float, default=8.0)

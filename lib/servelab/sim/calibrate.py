@@ -47,7 +47,7 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -137,12 +137,21 @@ def build_llm(config: ReplicaConfig | None = None, model_dir=None, seed: int = 0
 
 
 #: The clocks :func:`run_engine` can time the engine by.
-CLOCKS = ("cpu", "wall")
+CLOCKS = ("cpu", "steady", "wall")
+
+#: Untimed passes of the reference work before the timed one: right after a many-row step the
+#: work runs up to 1.35x slower for a few milliseconds (measured on the course's Xeon VM), after
+#: four passes within about 10% of its time after one-row steps, so it reads the machine, not
+#: the step before it.
+REFERENCE_WARM = 4
+
+#: References whose median sets the steady clock's current level (the latest ones).
+LEVEL_WINDOW = 3
 
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
-               clock: str = "cpu", reference_every: int = 10) -> EngineRun:
+               clock: str = "cpu", reference_every: int = 10, reference_base: float | None = None) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
@@ -151,13 +160,24 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     arrival. What the engine would do on a core of its own: time other
     processes take from it is not counted. ``clock="wall"``: real time, the
     engine sleeping between arrivals (a shared machine's stalls included).
+    ``clock="steady"``: the CPU clock with the machine's wander divided out. A
+    shared machine's speed wanders (on the course's VM by a fifth within
+    seconds, from neighbours it cannot see); so every ``reference_every`` steps
+    the reference work is timed (see below), and each step's CPU time is
+    divided by the machine's level then: the median of the latest
+    ``LEVEL_WINDOW`` timings over ``reference_base`` (seconds; default: the
+    median of five timings before the first step, kept in
+    ``info["reference_base_s"]``). The run then reads as if the machine had
+    held the speed it had when ``reference_base`` was measured; a calibration
+    passes its own base to every run checked against it.
     Either way the garbage collector is off while timing (collected first).
 
     ``probe``: first time :func:`speed_probe` (the machine's speed right now,
     by the same clock), so a comparison can scale the step model to it.
-    ``reference_every``: on the CPU clock, every that many steps also time a
-    fixed piece of work (:func:`reference_work`: one row through every weight
-    matrix, run twice and the second pass timed), off the virtual clock;
+    ``reference_every``: on the CPU and steady clocks, every that many steps also
+    time a fixed piece of work (:func:`reference_work`: one row through every
+    weight matrix, timed after ``REFERENCE_WARM`` untimed passes), off the
+    virtual clock;
     ``info["reference_s"]`` lists those times,
     so a run can show whether the machine's speed drifted while it ran
     (neighbours sharing the core's caches slow even the CPU time). 0: never.
@@ -167,6 +187,11 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     from servelab.sampling import SamplingParams
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    if clock == "steady" and reference_every < 1:
+        raise ValueError("the steady clock reads the machine's level from the reference work: "
+                         "set reference_every >= 1")
+    if reference_base is not None and not (math.isfinite(reference_base) and reference_base > 0):
+        raise ValueError(f"reference_base must be positive seconds, got {reference_base!r}")
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config or ReplicaConfig()
@@ -191,8 +216,15 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     engine.run_to_completion()
     prefault(llm)
     probe_s = speed_probe(llm, seed=seed, clock=clock) if probe else None
-    reference = reference_work(llm) if clock == "cpu" and reference_every else None
+    reference = reference_work(llm) if clock != "wall" and reference_every else None
     refs: list[float] = []
+    level, levels = 1.0, []
+    if clock == "steady":
+        start = [time_reference(reference) for _ in range(5)]
+        if reference_base is None:
+            reference_base = float(np.median(start))
+        recent = start[-LEVEL_WINDOW:]
+        level = float(np.median(recent)) / reference_base
 
     shapes: list[StepShape] = []
     groups: list[int] = []  # decode groups per step (not on the wall clock)
@@ -208,8 +240,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     starts, ends = [], []
     nxt = 0
     with _recording_plans(engine) as plans:
-        if clock == "cpu":
+        if clock != "wall":
             # the virtual clock: arrivals at their trace times, each step advancing it by its CPU time
+            # (on the steady clock, divided by the machine's level)
             vt = 0.0
             while done < n:
                 c0 = time.thread_time()
@@ -220,7 +253,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     vt = arrival[nxt]
                     continue
                 got = engine.step()
-                dt = time.thread_time() - c0
+                dt = (time.thread_time() - c0) / level
                 plan = plans[-1]
                 if not plan.is_empty:
                     shapes.append(plan_shape(plan))
@@ -228,13 +261,13 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     starts.append(vt)
                     ends.append(vt + dt)
                 vt += dt
-                if reference is not None and len(shapes) % reference_every == 0:
-                    # timed warm: the first pass refills the caches the step just used, so the
-                    # timing tracks the machine's speed, not the size of the step before it
-                    reference()
-                    c0 = time.thread_time()
-                    reference()
-                    refs.append(time.thread_time() - c0)
+                if reference is not None and shapes and len(shapes) % reference_every == 0 \
+                        and not plan.is_empty:
+                    refs.append(time_reference(reference))
+                    if clock == "steady":
+                        recent = (recent + refs[-1:])[-LEVEL_WINDOW:]
+                        level = float(np.median(recent)) / reference_base
+                        levels.append(round(level, 4))
                 for out in got:
                     i = int(out.request_id)
                     if count[i] == 0:
@@ -287,6 +320,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     if refs:
         info["reference_s"] = [round(x, 7) for x in refs]
+    if clock == "steady":
+        info["reference_base_s"] = reference_base
+        info["levels"] = levels
     if groups:
         info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
@@ -305,6 +341,16 @@ def reference_work(llm):
                 torch.mm(x, m.t())
     run()
     return run
+
+
+def time_reference(reference, warm: int = REFERENCE_WARM) -> float:
+    """CPU seconds of one pass of ``reference`` (from :func:`reference_work`) after ``warm``
+    untimed ones."""
+    for _ in range(warm):
+        reference()
+    c0 = time.thread_time()
+    reference()
+    return time.thread_time() - c0
 
 
 def reference_drift(run: EngineRun, min_count: int = 8) -> float | None:

@@ -44,7 +44,7 @@ from servelab.sim.fingerprint import engine_fingerprint, machine_key
 from servelab.sim.sweep import random_streams, residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
-__all__ = ["calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
+__all__ = ["speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
            "machine_level", "spread_check", "serve_once"]
 
@@ -60,21 +60,27 @@ def model_tag(model_dir=None) -> str:
     return d.name + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def cache_path(model_dir=None, quick: bool = True) -> Path:
-    """Where this machine's calibration of this engine and checkpoint is kept."""
+def cache_path(model_dir=None, quick: bool = True, clock: str = "steady") -> Path:
+    """Where this machine's calibration of this engine and checkpoint (on ``clock``) is kept."""
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "servelab") / "sim"
-    kind = "quick" if quick else "full"
+    kind = ("quick" if quick else "full") + ("" if clock == "cpu" else f"-{clock}")
     return root / f"step_model-{machine_key()}-{engine_fingerprint()}-{model_tag(model_dir)}-{kind}.json"
 
 
-def calibrate_here(quick: bool = True, model_dir=None, clock: str = "cpu", say=print, rate: float | None = None):
+def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", say=print, rate: float | None = None):
     """Fit a step model to the engine on this machine over the calibration sweep.
-    Returns ``(model, runs)``; the runs are :class:`~servelab.sim.calibrate.EngineRun`\\ s."""
+    Returns ``(model, runs)``; the runs are :class:`~servelab.sim.calibrate.EngineRun`\\ s.
+    On the steady clock every piece divides its steps by the machine's level against the
+    reference work's time at the first piece's start (``meta["reference_base_s"]``), which a
+    check then uses too."""
     t0, c0 = time.perf_counter(), time.process_time()
     runs = []
+    base = None
     for name, (trace, cfg) in sweep_traces(quick=quick, rate=rate).items():
         say(f"calibration piece {name!r}: {len(trace)} requests ...")
-        runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=name, clock=clock, probe=False))
+        runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=name, clock=clock, probe=False,
+                                   reference_base=base))
+        base = runs[-1].info.get("reference_base_s", base)
     model = cal.fit_step_model(runs)
     shapes = [s for r in runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in runs])
@@ -82,7 +88,8 @@ def calibrate_here(quick: bool = True, model_dir=None, clock: str = "cpu", say=p
         engine_fingerprint=engine_fingerprint(), machine_key=machine_key(), model=model_tag(model_dir),
         calibration="sweep (quick)" if quick else "sweep", seconds=round(time.perf_counter() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
-        load_average_1min=round(os.getloadavg()[0], 2),
+        load_average_1min=round(os.getloadavg()[0], 2), clock=clock,
+        **({"reference_base_s": base} if base is not None else {}),
         residuals_by_feature=residuals_by_feature(model, shapes, durs, decode_groups=run_groups(runs)))
     return model, runs
 
@@ -109,11 +116,11 @@ def stale_reasons(model, model_dir=None) -> list[str]:
     return out
 
 
-def step_model_here(quick: bool = True, model_dir=None, say=print, clock: str = "cpu"):
-    """``(model, path)``: this machine's calibration of this engine (from the cache, else made
-    now with :func:`calibrate_here` and cached)."""
-    path = cache_path(model_dir, quick)
-    for p in (cache_path(model_dir, False), path):  # a full calibration, when there is one, serves too
+def step_model_here(quick: bool = True, model_dir=None, say=print, clock: str = "steady"):
+    """``(model, path)``: this machine's calibration of this engine on ``clock`` (from the
+    cache, else made now with :func:`calibrate_here` and cached)."""
+    path = cache_path(model_dir, quick, clock)
+    for p in (cache_path(model_dir, False, clock), path):  # a full calibration, when there is one, serves too
         if p.exists():
             try:
                 return cal.load_step_model(p), p
@@ -228,6 +235,24 @@ def machine_level(run, model) -> float:
     return float(np.sum(run.durations) / predicted)
 
 
+def speed_windows(run, model, window_s: float = 2.0) -> np.ndarray:
+    """How the machine's speed wandered *within* ``run``: total measured over total predicted
+    step time in consecutive windows of about ``window_s`` seconds of the run's own steps (a
+    last, shorter window is dropped). Every window serves the same trace at the same model, so
+    their spread is the machine's wander over seconds, plus the model's mispricing of whatever
+    shapes a window held."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be positive seconds, got {window_s!r}")
+    out, got, want = [], 0.0, 0.0
+    for shape, dt in zip(run.shapes, run.durations):
+        got += float(dt)
+        want += model.step_s(shape)
+        if got >= window_s:
+            out.append(got / want)
+            got = want = 0.0
+    return np.array(out)
+
+
 def _median_of(preds: list) -> dict:
     return {k: float(np.median([p[k] for p in preds])) for k in METRICS}
 
@@ -247,25 +272,46 @@ def _own_fit_prediction(engine_runs) -> dict | None:
     return _median_of(preds) if preds else None
 
 
-def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, model_dir=None, clock: str = "cpu",
+def model_clock(model) -> str:
+    """The clock ``model`` was calibrated on (its ``meta["clock"]``; "cpu" when not recorded)."""
+    return (getattr(model, "meta", {}) or {}).get("clock") or "cpu"
+
+
+def _reference_base(model, clock: str) -> float | None:
+    if clock != "steady":
+        return None
+    base = (getattr(model, "meta", {}) or {}).get("reference_base_s")
+    if base is None:
+        raise ValueError("a check on the steady clock divides the engine's steps by the machine's level against "
+                         "the calibration's reference time, and this step model has none (meta reference_base_s): "
+                         "calibrate again (`python -m servelab.sim calibrate --quick`) or check with --clock cpu")
+    return float(base)
+
+
+def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, model_dir=None, clock: str | None = None,
                label: str = "", seed_offset: int = 0, relevel: bool = False):
     """Serve ``trace`` once with a freshly built engine (no prefixes cached from another run);
     an :class:`~servelab.sim.calibrate.EngineRun` with ``info["load_average_1min"]``. With
     ``relevel``, the same engine then serves :func:`level_probe_trace` (other prompts: another
-    seed, so no prefix hits) and ``info["level"]`` is its :func:`machine_level`."""
+    seed, so no prefix hits) and ``info["level"]`` is its :func:`machine_level`. ``clock``:
+    default the model's own (:func:`model_clock`); on the steady clock the run is read against
+    the calibration's reference time."""
     config = config or cal.CONFIGS["base"]
+    clock = clock or model_clock(model)
+    base = _reference_base(model, clock)
     llm = cal.build_llm(config, model_dir)
-    run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False)
+    run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False,
+                         reference_base=base)
     run.info["load_average_1min"] = round(os.getloadavg()[0], 2)
     if relevel:
         probe = cal.run_engine(level_probe_trace(), config, llm=llm, seed=1000 + seed_offset,
-                               label=f"level probe {label}", clock=clock, probe=False)
+                               label=f"level probe {label}", clock=clock, probe=False, reference_base=base)
         run.info["level"] = machine_level(probe, model)
     return run
 
 
 def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
-                clock: str = "cpu", label: str = "", say=None, keep_runs: bool = False,
+                clock: str | None = None, label: str = "", say=None, keep_runs: bool = False,
                 relevel: bool = False, own_fit: bool = True) -> SpreadCheck:
     """Serve ``trace`` with the engine ``repeats`` times (:func:`serve_once`: a fresh engine
     each time) and compare the median of each percentile with the simulator's prediction,
@@ -278,6 +324,7 @@ def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, rep
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
     config = config or cal.CONFIGS["base"]
+    clock = clock or model_clock(model)
     relevel = relevel and hasattr(model, "scaled")  # a model that cannot be scaled has no relevelled line
     engine_runs = []
     for k in range(repeats):
