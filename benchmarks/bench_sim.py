@@ -107,7 +107,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         durs = np.concatenate([r.durations for r in fit_runs])
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
                            if k in ("engine_fingerprint", "machine_key", "model", "calibration", "seconds",
-                                    "cpu_seconds", "load_average_1min")})
+                                    "cpu_seconds", "load_average_1min", "clock", "reference_base_s")})
         model.meta["residuals_by_feature"] = residuals_by_feature(model, shapes, durs,
                                                                  decode_groups=check.run_groups(fit_runs))
     else:
