@@ -134,8 +134,10 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
         for p in lone:
             b.piece([(0.0, p, 4, -1, 0)])
     # ... and after a cached prefix: the first request alone, a second one later hits its prefix
-    for pre, new in (((128, 24), (256, 48), (384, 96)) if quick else
-                     ((128, 16), (128, 96), (256, 32), (256, 160), (384, 48), (512, 96))):
+    # (a shared system prompt's every later request: priced 10% low with three of these)
+    for pre, new in (((128, 24), (128, 80), (256, 16), (256, 48), (384, 32), (384, 96), (512, 24), (512, 64))
+                     if quick else ((128, 16), (128, 48), (128, 96), (256, 16), (256, 32), (256, 96), (256, 160),
+                                    (384, 24), (384, 48), (384, 128), (512, 32), (512, 96))):
         g = b.groups
         b.groups += 1
         b.piece([(0.0, pre + 8, 2, g, pre), (0.5, pre + new, 4, g, pre)])
