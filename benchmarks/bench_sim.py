@@ -336,8 +336,11 @@ def calibration_md(c: dict) -> list:
                   "error): " + ", ".join(f"{r['workload']} {r['worst']:.1%}" for r in fit) + ". The designed "
                   "pieces start on an idle engine, so their TTFT percentiles are single steps' times."]
     for h in c.get("history") or []:
-        lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}): worst held-out "
-                  f"error {h['worst']:.1%}, median {h['median']:.1%}, under load averages of {h['loads']}."]
+        lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}"
+                  + (f", on the {h['clock']} clock" if h.get("clock") else "") + f"): worst held-out "
+                  f"error {h['worst']:.1%}, median {h['median']:.1%}"
+                  + (f", engine spread up to ±{h['worst_spread']:.1%}" if h.get("worst_spread") is not None else "")
+                  + f", under load averages of {h['loads']}."]
     lines += ["", "Rerun: `python benchmarks/bench_sim.py --calibration-only` (the full sweep; "
               "`--quick-calibration` for the smaller one `python -m servelab.sim calibrate --quick` runs); "
               "refit from the saved runs without measuring: `--runs-from data/sim/calibration_runs.json`. "
@@ -434,7 +437,10 @@ def main(argv=None) -> int:
             new["history"] = [{"when": (at.get("machine") or {}).get("date"), "git_commit": at.get("git_commit"),
                                "what": (was.get("model") or {}).get("meta", {}).get("calibration", "sweep"),
                                "worst": was["held_out_worst"], "median": was["held_out_median"],
-                               "loads": _span(loads) if loads else "not recorded"}] + \
+                               "loads": _span(loads) if loads else "not recorded",
+                               "clock": at.get("clock") or "cpu",
+                               "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
+                                                    and r.get("worst_spread") is not None), default=None)}] + \
                 list(was.get("history") or [])[:4]
         elif new is not was and was.get("history"):
             new["history"] = list(was["history"])
