@@ -102,7 +102,9 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     b = _Builder(seed)
     rows = (1, 2, 4, 8, 16, 24, 32) if quick else (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32)
     lengths = (16, 300, 900) if quick else (16, 120, 300, 600, 900)
-    for r in rows:
+    # the quick grid twice over (other contexts, other moments): a many-row batch's steps set a full
+    # replica's pace, and a handful of pieces let the machine's wander during them into the fit
+    for r in [r for r in rows for _ in range(2 if quick else 1)]:
         for length in lengths:
             # contexts spread around the level (a third to five thirds of it), as a real batch's
             # are: the engine gathers decode rows in groups of similar length, one pass per group
