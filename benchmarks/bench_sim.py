@@ -28,6 +28,7 @@ came; ``--clock wall``: real time).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -49,8 +50,8 @@ from make_sim_traces import FAMILIES, OUT as TRACES, file_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
-#: Seconds of a run's steps per window of the within-run wander (sim.md).
-WINDOW_S = 2.0
+#: Seconds of a run's steps per window of the within-run wander (sim.md): speed_windows' default.
+WINDOW_S = inspect.signature(check.speed_windows).parameters["window_s"].default
 
 
 def speed(n: int) -> dict:
@@ -76,11 +77,10 @@ GOAL_WORST, GOAL_MEDIAN = 0.15, 0.07
 
 
 def _speed(runs, model) -> float | None:
-    """How long the fixed reference work (one row through every weight matrix, timed every 10
-    steps off the clock) took during ``runs`` over during the calibration: >1, a slower machine."""
-    ref0 = (getattr(model, "meta", {}) or {}).get("reference_s")
-    refs = [x for r in runs for x in (r.info.get("reference_s") or [])]
-    return round(float(np.median(refs)) / ref0, 3) if ref0 and refs else None
+    """How long the fixed reference work (timed every 10 steps off the clock) took during ``runs``
+    over during the calibration: >1, a slower machine."""
+    ratio = cal.reference_ratio(runs, model)
+    return None if ratio is None else round(ratio, 3)
 
 
 def _sensitivity(trace, model, factor: float = 1.05) -> float:

@@ -47,7 +47,7 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -586,13 +586,21 @@ class Comparison:
         return "\n".join(lines)
 
 
+def reference_ratio(runs, step_model) -> float | None:
+    """The median time of the reference work over ``runs`` (all their timings pooled) over its
+    median during the fit: >1, a slower machine. None when either side has no timings."""
+    ref0 = (getattr(step_model, "meta", {}) or {}).get("reference_s")
+    refs = [x for r in runs for x in ((r.info or {}).get("reference_s") or [])]
+    return float(np.median(refs)) / ref0 if ref0 and refs else None
+
+
 def speed_factor(run: EngineRun, step_model) -> float:
     """How much slower (>1) the machine ran during ``run`` than during the fit: by the reference
-    work timed during the runs (medians) when both have it, else by the speed probe."""
+    work timed during the runs (:func:`reference_ratio`) when both have it, else by the speed probe."""
     meta = getattr(step_model, "meta", {})
-    refs = run.info.get("reference_s") if run.info else None
-    if refs and meta.get("reference_s"):
-        return float(np.median(refs)) / meta["reference_s"]
+    ratio = reference_ratio([run], step_model)
+    if ratio is not None:
+        return ratio
     p_run = run.info.get("probe_s") if run.info else None
     p_fit = meta.get("probe_s")
     return p_run / p_fit if p_run and p_fit else 1.0

@@ -14,10 +14,15 @@
   spread (half the range of the runs, as a share of the median) and the prediction's
   error. :class:`SpreadCheck`'s table ends with ``worst error: X%``.
 
-A shared virtual machine changes speed: on the course's 2-vCPU Xeon the same steps
-ran up to 1.3x slower minutes after a calibration, and runs of one trace seconds
-apart differ by tens of percent. The verdict is the simulator as calibrated (as
-the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows each
+A shared virtual machine changes speed: on the course's 2-vCPU Xeon a fixed piece
+of work ran up to 1.4x slower within one run, and on the CPU clock runs of one
+trace differed by up to ±42%. So calibration and check run on the *steady clock*
+by default (:func:`~servelab.sim.calibrate.run_engine`): each step's CPU time
+divided by the machine's level, read every 10 steps from that fixed work against
+its time at the calibration's start (``meta["reference_base_s"]``); the check uses
+the calibration's base, so both read as if the machine had held one speed.
+:func:`speed_windows` shows the wander a run keeps. The verdict is the simulator as
+calibrated (as the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows each
 checked run, on the same engine, with a *level probe*: one calibration piece
 served again (:func:`level_probe_trace`); its measured over predicted step time
 (:func:`machine_level`) is the machine's speed then, and the run's prediction
