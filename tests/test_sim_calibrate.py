@@ -127,8 +127,20 @@ def test_cli_check(tmp_path, run, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "ttft_p95" in out and out.strip().splitlines()[-1].startswith("worst error: ")
+    assert "clock: cpu" in out  # the step model's own clock (fitted to a CPU-clock run)
     # the level probe ran after the run; with one run, the own-trace fit is fitted to it
     assert "machine speed vs the calibration" in out and "scaled by that speed" in out and "other runs" in out
+
+
+def test_a_steady_check_needs_the_calibrations_reference_time(tmp_path, capsys):
+    """A step model that says it was calibrated on the steady clock but carries no reference
+    time cannot be checked on it: the error names the missing field and both ways out."""
+    model = LinearStepModel(a=0.004, meta={"clock": "steady"})
+    mpath = cal.save_step_model(model, tmp_path / "m.json")
+    tpath = save_trace(TRACE.subset(slice(0, 2)), tmp_path / "t.jsonl")
+    assert main(["check", "--trace", str(tpath), "--step-model", str(mpath), "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "reference_base_s" in err and "calibrate" in err and "--clock cpu" in err
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):
