@@ -324,13 +324,14 @@ def calibration_md(c: dict) -> list:
     fit_speeds = [f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in fit
                   if r.get("speed_vs_calibration") is not None]
     if held and any(r.get("speed_vs_calibration") for r in held):
-        lines += ["", "A fixed piece of work (one row through every weight matrix, timed warm every 10 steps "
-                  "off the engine's clock) took, over its calibration time: "
+        lines += ["", "A fixed piece of work (one row through every weight matrix, timed every 10 steps after "
+                  "untimed passes, off the engine's clock) took, over its calibration time: "
                   + ", ".join(f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in held
                               if r.get("speed_vs_calibration") is not None)
                   + (f" (the calibration's own pieces: {', '.join(fit_speeds)})" if fit_speeds else "")
-                  + ". It follows the size of the engine's steps around it, not only the machine, so the level "
-                  "probe (a serving piece) measures the machine's speed instead."]
+                  + ". The steady clock divides each step by this work's time then; a ratio here is what the "
+                  "machine's level did between the calibration and a family's runs (on the CPU clock, the "
+                  "comparison the steps' times carry)."]
     if fit:
         lines += ["", "The calibration's own pieces, predicted by the model fitted to them (worst percentile "
                   "error): " + ", ".join(f"{r['workload']} {r['worst']:.1%}" for r in fit) + ". The designed "
