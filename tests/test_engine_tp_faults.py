@@ -69,7 +69,10 @@ def test_a_hung_worker_is_declared_dead_after_the_timeout(tiny):
     try:
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        with pytest.raises(EngineDeadError, match="did not answer within timeout_s=2"):
+        # the hung rank named, with how far it got and what its process is doing
+        with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) did not answer within "
+                                                  r"timeout_s=2 s: it had taken 0 of the 1 messages rank 0 "
+                                                  r"sent, and its process is stopped"):
             llm.generate([[1, 2, 3]], GREEDY)
         assert time.monotonic() - t0 < 30  # timeout_s=2 plus slack: bounded, not a speed check
         assert _gone(pid)  # killed, stopped or not

@@ -213,16 +213,22 @@ def _holdings(runner: ModelRunner) -> list[int]:
     return [runner.kv_pool_bytes, weights, cfg.num_attention_heads, cfg.num_key_value_heads]
 
 
-def _serve(runner: ModelRunner, compute, control, rank: int) -> None:
+def _serve(runner: ModelRunner, compute, control, rank: int, progress=None) -> None:
     """The worker loop: receive a plan, run it, until rank 0 says stop.
 
     Every message but the last ends in something rank 0 waits for (a collective,
     or a posted log), so rank 0 knows it was read before it deletes it.
+    ``progress`` (spawned workers: shared memory): this rank counts the messages
+    it received and finished there, so rank 0 can name a rank that hangs.
     """
     _gather(torch.tensor(_holdings(runner), dtype=torch.long), compute)
     log: list = []
     while True:
+        if progress is not None:
+            progress[2 * rank + 1] = control.n  # every earlier message finished
         msg = control.receive()
+        if progress is not None:
+            progress[2 * rank] = control.n
         kind = msg[0]
         if kind == "step":
             runner.execute(msg[1])
@@ -278,7 +284,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawned_worker(rank: int, world: int, port: int, source: dict, options: dict, err_dir: str) -> None:
+def _spawned_worker(rank: int, world: int, port: int, source: dict, options: dict, err_dir: str,
+                    progress=None) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
     torch.set_num_threads(options.get("threads", 1))
@@ -286,7 +293,7 @@ def _spawned_worker(rank: int, world: int, port: int, source: dict, options: dic
         store, compute, control = _private_groups(rank, world, port, options["timeout_s"], options["startup_s"])
         runner = _build_runner(source, rank, world, options, compute)
         with torch.inference_mode():
-            _serve(runner, compute, control, rank)
+            _serve(runner, compute, control, rank, progress)
     except BaseException:  # noqa: BLE001 - rank 0 reads why
         Path(err_dir, f"rank{rank}.err").write_text(traceback.format_exc())
         os._exit(1)
@@ -327,6 +334,20 @@ def _describe_exit(code) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+_STATES = {"R": "running (busy, not answering)", "S": "sleeping (waiting on something)", "D": "waiting on I/O",
+           "T": "stopped (a signal such as SIGSTOP)", "t": "stopped by a debugger", "Z": "a zombie (it exited)"}
+
+
+def _process_state(pid: int) -> str:
+    """What the process ``pid`` is doing, from Linux's /proc ("unknown" elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            code = f.read().rsplit(") ", 1)[-1][:1]
+    except OSError:
+        return "unknown"
+    return _STATES.get(code, f"in state {code!r}")
 
 
 def _kill(procs, grace_s: float = 2.0) -> None:
@@ -382,6 +403,7 @@ class TensorParallelExecutor:
         self.config = config
         self.dead: str | None = None
         self.procs: list = []
+        self._progress = None  # spawned workers: per rank, messages received and messages finished
         self._tmp = None
         self._store = None
         options = {"dtype": dtype, "kv_dtype": kv_dtype, "num_blocks": num_kv_blocks, "block_size": block_size,
@@ -401,8 +423,10 @@ class TensorParallelExecutor:
             from servelab.parallel.launch import _forkserver_preload
             _forkserver_preload()  # workers fork from a server that imported torch once
             ctx = torch.multiprocessing.get_context("forkserver")
+            self._progress = ctx.Array("q", 2 * world_size, lock=False)  # each rank writes its own two
             for rank in range(1, world_size):
-                p = ctx.Process(target=_spawned_worker, args=(rank, world_size, port, src, options, self._err_dir),
+                p = ctx.Process(target=_spawned_worker, args=(rank, world_size, port, src, options, self._err_dir,
+                                                              self._progress),
                                 daemon=True, name=f"servelab-tp-worker-{rank}")
                 p.start()
                 self.procs.append(p)
@@ -568,8 +592,8 @@ class TensorParallelExecutor:
         if gone:
             what = "; ".join(gone)
         elif timed_out:
-            what = (f"a worker did not answer within timeout_s={self.timeout_s:g} s "
-                    f"(hung, or far slower than rank 0)")
+            what = "; ".join(self._laggards()) or (f"a worker did not answer within timeout_s={self.timeout_s:g} s "
+                                                   f"(hung, or far slower than rank 0)")
         else:
             what = "a worker stopped answering"
         detail = "" if exc is None else f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
@@ -580,6 +604,23 @@ class TensorParallelExecutor:
             self.dead += "\n" + errors
         self._stop_workers(graceful=False)
         raise EngineDeadError(self.dead) from None
+
+    def _laggards(self) -> list[str]:
+        """Spawned workers that had not finished every message rank 0 sent, each named with how far
+        it got and what its process is doing (from /proc); empty when it cannot tell."""
+        if self._progress is None:
+            return []
+        sent = self.control.n
+        out = []
+        for rank, p in enumerate(self.procs, start=1):
+            got, done = self._progress[2 * rank], self._progress[2 * rank + 1]
+            if done >= sent:
+                continue
+            where = (f"it was still on message {got} of {sent}" if got == sent
+                     else f"it had taken {got} of the {sent} messages rank 0 sent")
+            out.append(f"worker rank {rank} (pid {p.pid}) did not answer within timeout_s={self.timeout_s:g} s: "
+                       f"{where}, and its process is {_process_state(p.pid)}")
+        return out
 
     def _stop_workers(self, graceful: bool) -> None:
         if graceful and self.dead is None:
