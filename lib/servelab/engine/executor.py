@@ -26,8 +26,11 @@ timeout: a worker that hangs makes rank 0's next collective fail after
 ``timeout_s`` seconds, and a worker that dies closes its sockets, which fails
 the collective at once. Either way
 the engine is then dead (:class:`EngineDeadError`, naming the rank and, when
-this process started it, its exit code); the engine's requests fail with that
-message and the executor kills what is left of its workers.
+this process started it, its exit code, or for a hung one how many of rank 0's
+messages it had taken and finished, counted in shared memory, and what its
+process is doing); the engine's requests fail with that message and the
+executor kills what is left of its workers. Under torchrun a hung rank is not
+named: the ranks share no memory.
 
 The ranks start in one of two ways:
 
