@@ -77,13 +77,22 @@ GOAL_WORST, GOAL_MEDIAN = 0.15, 0.07
 
 
 def _speed(runs, model) -> float | None:
-    """How long the fixed reference work (timed every 10 steps off the clock) took during ``runs``
+    """How long the fixed reference work (timed every few steps off the clock) took during ``runs``
     over during the calibration: >1, a slower machine."""
     ratio = cal.reference_ratio(runs, model)
     return None if ratio is None else round(ratio, 3)
 
 
-def _sensitivity(trace, model, factor: float = 1.05) -> float:
+#: Every step this many times as long: the sensitivity sim.md reports (its "sensitivity_5pct").
+SENSITIVITY = 1.05
+
+
+def _deciles(xs) -> list | None:
+    """10th, 50th and 90th percentiles of ``xs`` (None when empty)."""
+    return [round(float(x), 3) for x in np.quantile(xs, (0.1, 0.5, 0.9))] if len(xs) else None
+
+
+def _sensitivity(trace, model, factor: float = SENSITIVITY) -> float:
     """The largest change of a predicted percentile (TTFT/TPOT p50/p95) when every step is
     ``factor`` times as long: how much a small step error is worth on this trace."""
     a = check.predict(trace, model, cal.CONFIGS["base"])
@@ -131,13 +140,9 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         c = check.spread_check(name, mine, model, info={"clock": clock})
         c.info["speed_vs_calibration"] = _speed(mine, model)
         # the machine's wander within each run: measured over predicted time in 2-second windows
-        windows = np.concatenate([check.speed_windows(r, model, WINDOW_S) for r in mine])
-        c.info["wander"] = [round(float(x), 3) for x in np.quantile(windows, (0.1, 0.5, 0.9))] \
-            if len(windows) else None
+        c.info["wander"] = _deciles(np.concatenate([check.speed_windows(r, model, WINDOW_S) for r in mine]))
         # on the steady clock: the machine's level the runs were divided by
-        levels = [x for r in mine for x in (r.info.get("levels") or [])]
-        c.info["machine_levels"] = [round(float(x), 3) for x in np.quantile(levels, (0.1, 0.5, 0.9))] \
-            if levels else None
+        c.info["machine_levels"] = _deciles([x for r in mine for x in (r.info.get("levels") or [])])
         print(c.table(), flush=True)
         checks.append(c)
     rows = []
@@ -210,8 +215,9 @@ def calibration_md(c: dict) -> list:
              f"Engine runs measured at commit {at.get('git_commit')} (engine tree {at.get('engine_tree')}) on "
              f"{am.get('cpu')} ({am.get('logical_cpus')} logical CPUs, {am.get('date')}), one thread, each step "
              + ("timed by the CPU time its thread used, divided by the machine's level then (the *steady clock*: "
-                "a fixed piece of work, one row through every weight matrix after four untimed passes, is timed "
-                "every 10 steps, and the level is the median of the latest three timings over its time at the "
+                f"a fixed piece of work, one row through every weight matrix after {cal.REFERENCE_WARM} untimed "
+                f"passes, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
+                f"{cal.LEVEL_WINDOW} timings over its time at the "
                 f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "
                 "machine's own speed is divided out). Load average"
@@ -319,13 +325,15 @@ def calibration_md(c: dict) -> list:
                               f"{w} {q[0]:.2f}-{q[2]:.2f}x ({q[1]:.2f}x)" for w, q in lv) + ".")
         sens = [(r["sensitivity_5pct"], r["workload"]) for r in held if r.get("sensitivity_5pct") is not None]
         if sens:
-            lines += ["", "How much a step error is worth: with every step 5% slower, the simulator moves a "
+            lines += ["", f"How much a step error is worth: with every step {SENSITIVITY - 1:.0%} slower, the "
+                      "simulator moves a "
                       "family's percentiles by at most " + ", ".join(f"{w} {s:.0%}" for s, w in sens) + "."]
     fit_speeds = [f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in fit
                   if r.get("speed_vs_calibration") is not None]
     if held and any(r.get("speed_vs_calibration") for r in held):
-        lines += ["", "A fixed piece of work (one row through every weight matrix, timed every 10 steps after "
-                  "untimed passes, off the engine's clock) took, over its calibration time: "
+        lines += ["", f"A fixed piece of work (one row through every weight matrix, timed every "
+                  f"{cal.REFERENCE_EVERY} steps after untimed passes, off the engine's clock) took, over its "
+                  "calibration time: "
                   + ", ".join(f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in held
                               if r.get("speed_vs_calibration") is not None)
                   + (f" (the calibration's own pieces: {', '.join(fit_speeds)})" if fit_speeds else "")

@@ -17,15 +17,18 @@ from servelab.sampling import SamplingParams
 MAIN = COURSE_MODELS_DIR / "servelab-main"
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
+        if entry.isdigit() and (ppid := _ppid(int(entry))) is not None:
             children.setdefault(ppid, []).append(int(entry))
     out, todo = set(), [pid]
     while todo:
@@ -77,14 +80,6 @@ def test_server_flag_splits_the_engine(want):
     while any(_alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in family if _alive(p)]
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _rank(pid: int) -> str | None:

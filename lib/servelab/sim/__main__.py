@@ -62,8 +62,9 @@ def cmd_check(a) -> int:
     for why in check.stale_reasons(model, a.model):
         print(f"warning: this step model is not a calibration of this engine and machine: {why}")
     clock = a.clock or check.model_clock(model)
-    print(f"clock: {clock}" + (" (each step's CPU time over the machine's level, read every 10 steps from a "
-                               "fixed piece of work against the calibration's)" if clock == "steady" else ""))
+    print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level, read every "
+                               f"{calibrate.REFERENCE_EVERY} steps from a fixed piece of work against the "
+                               f"calibration's)" if clock == "steady" else ""))
     res = check.check_trace(trace, model, _config(a), repeats=a.repeats, model_dir=a.model, clock=clock,
                             label=str(a.trace), say=print, relevel=a.relevel)
     if a.save_run:

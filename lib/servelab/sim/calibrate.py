@@ -47,7 +47,7 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "LEVEL_WINDOW", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -148,10 +148,13 @@ REFERENCE_WARM = 4
 #: References whose median sets the steady clock's current level (the latest ones).
 LEVEL_WINDOW = 3
 
+#: Steps between timings of the reference work (:func:`run_engine`'s default).
+REFERENCE_EVERY = 10
+
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
-               clock: str = "cpu", reference_every: int = 10, reference_base: float | None = None) -> EngineRun:
+               clock: str = "cpu", reference_every: int = REFERENCE_EVERY, reference_base: float | None = None) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
