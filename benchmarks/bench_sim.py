@@ -21,7 +21,8 @@ simulator, and publishes each percentile's error beside that spread, as Vidur
 does (Agrawal et al., MLSys 2024) for held-out traces. The engine serves on one
 thread with its own scheduler; each step is timed by the CPU time it used,
 divided by the machine's level then (a fixed piece of work timed every 10 steps
-against its time at the calibration's start: the steady clock), and arrivals
+against its time at the calibration's start, raised to the power the calibration
+fitted: the steady clock), and arrivals
 come on a virtual clock advanced by those times (``--clock cpu``: CPU time as it
 came; ``--clock wall``: real time).
 """
@@ -111,7 +112,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         saved = json.loads(Path(runs_from).read_text())
         fit_runs = [cal.EngineRun.from_dict(d) for d in saved["fit"]]
         held_runs = [cal.EngineRun.from_dict(d) for d in saved["held_out"]]
-        model = cal.fit_step_model(fit_runs)
+        model, fit_runs = cal.fit_calibration(fit_runs)
         shapes = [s for r in fit_runs for s in r.shapes]
         durs = np.concatenate([r.durations for r in fit_runs])
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
@@ -218,7 +219,13 @@ def calibration_md(c: dict) -> list:
                 f"a fixed piece of work, one row through every weight matrix after {cal.REFERENCE_WARM} untimed "
                 f"passes, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
                 f"{cal.LEVEL_WINDOW} timings over its time at the "
-                f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms), and arrivals on a virtual clock "
+                f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms"
+                + (f"; each step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
+                   "faster than that work the steps slowed within the calibration's own runs "
+                   f"(slope over {meta['level_exponent_fit']['windows']} windows of "
+                   f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']})"
+                   if meta.get("level_exponent_fit", {}).get("r") is not None else "")
+                + "), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "
                 "machine's own speed is divided out). Load average"
                 if at.get("clock") == "steady" and meta.get("reference_base_s") else
@@ -337,13 +344,17 @@ def calibration_md(c: dict) -> list:
                   + ", ".join(f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in held
                               if r.get("speed_vs_calibration") is not None)
                   + (f" (the calibration's own pieces: {', '.join(fit_speeds)})" if fit_speeds else "")
-                  + ". The steady clock divides each step by this work's time then; a ratio here is what the "
+                  + ". The steady clock divides each step by this work's time then (to the fitted power); "
+                  "a ratio here is what the "
                   "machine's level did between the calibration and a family's runs (on the CPU clock, the "
                   "comparison the steps' times carry)."]
     if fit:
         lines += ["", "The calibration's own pieces, predicted by the model fitted to them (worst percentile "
                   "error): " + ", ".join(f"{r['workload']} {r['worst']:.1%}" for r in fit) + ". The designed "
-                  "pieces start on an idle engine, so their TTFT percentiles are single steps' times."]
+                  "pieces start on an idle engine, so their TTFT percentiles are single steps' times"
+                  + (". Their latencies were timed with the plain division (power 1), before the exponent was "
+                     "fitted, so these errors mix the two" if meta.get("level_exponent", 1.0) != 1.0 else "")
+                  + "."]
     for h in c.get("history") or []:
         lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}"
                   + (f", on the {h['clock']} clock" if h.get("clock") else "") + f"): worst held-out "

@@ -6,7 +6,8 @@
         print each percentile's measured median, spread, prediction and error, then
         "worst error: X%". The engine's steps are timed by their CPU time on a virtual
         clock, divided by the machine's level (the steady clock: the wander of a shared
-        machine's speed read from a fixed piece of work every 10 steps; ``--clock cpu``:
+        machine's speed read from a fixed piece of work every 10 steps, raised to the
+        power the calibration fitted; ``--clock cpu``:
         CPU time as it came; ``--clock wall``: real time, a busy machine's stalls
         included). The clock defaults to the step model's own. The
         table also gives a step model fitted to the trace's other runs (the same workload);
@@ -62,9 +63,10 @@ def cmd_check(a) -> int:
     for why in check.stale_reasons(model, a.model):
         print(f"warning: this step model is not a calibration of this engine and machine: {why}")
     clock = a.clock or check.model_clock(model)
-    print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level, read every "
-                               f"{calibrate.REFERENCE_EVERY} steps from a fixed piece of work against the "
-                               f"calibration's)" if clock == "steady" else ""))
+    power = (getattr(model, "meta", {}) or {}).get("level_exponent", 1.0)
+    print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level to the power {power:g}, "
+                               f"the level read every {calibrate.REFERENCE_EVERY} steps from a fixed piece of "
+                               f"work against the calibration's)" if clock == "steady" else ""))
     res = check.check_trace(trace, model, _config(a), repeats=a.repeats, model_dir=a.model, clock=clock,
                             label=str(a.trace), say=print, relevel=a.relevel)
     if a.save_run:

@@ -47,7 +47,8 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "LEVEL_WINDOW", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+           "step_levels", "relevel", "level_windows", "fit_level_exponent", "fit_calibration", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -151,10 +152,19 @@ LEVEL_WINDOW = 3
 #: Steps between timings of the reference work (:func:`run_engine`'s default).
 REFERENCE_EVERY = 10
 
+#: Windows of this many seconds (of a run's own steps) in which :func:`fit_level_exponent`
+#: compares the steps' pace with the machine's level.
+LEVEL_WINDOW_S = 2.0
+
+#: The range :func:`fit_level_exponent` keeps its answer in (outside it the fit is taken to
+#: have read noise, not the machine).
+LEVEL_EXPONENT_RANGE = (0.5, 3.0)
+
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
-               clock: str = "cpu", reference_every: int = REFERENCE_EVERY, reference_base: float | None = None) -> EngineRun:
+               clock: str = "cpu", reference_every: int = REFERENCE_EVERY, reference_base: float | None = None,
+               level_exponent: float = 1.0) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
@@ -172,7 +182,11 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     median of five timings before the first step, kept in
     ``info["reference_base_s"]``). The run then reads as if the machine had
     held the speed it had when ``reference_base`` was measured; a calibration
-    passes its own base to every run checked against it.
+    passes its own base to every run checked against it. ``level_exponent``: divide
+    by the level raised to this power (a calibration's :func:`fit_level_exponent`:
+    on the course's VM the steps slow about 1.5x as much as the reference work);
+    ``info["step_levels"]`` keeps the level each step was divided by, so
+    :func:`relevel` can apply another power afterwards.
     Either way the garbage collector is off while timing (collected first).
 
     ``probe``: first time :func:`speed_probe` (the machine's speed right now,
@@ -195,6 +209,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                          "set reference_every >= 1")
     if reference_base is not None and not (math.isfinite(reference_base) and reference_base > 0):
         raise ValueError(f"reference_base must be positive seconds, got {reference_base!r}")
+    if isinstance(level_exponent, bool) or not isinstance(level_exponent, (int, float)) \
+            or not math.isfinite(level_exponent) or level_exponent <= 0:
+        raise ValueError(f"level_exponent must be a positive number, got {level_exponent!r}")
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config or ReplicaConfig()
@@ -231,6 +248,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
 
     shapes: list[StepShape] = []
     groups: list[int] = []  # decode groups per step (not on the wall clock)
+    step_levels: list[float] = []  # the level each step was divided by (steady clock)
 
     n = len(trace)
     arrival = trace.arrival_s.tolist()
@@ -256,11 +274,12 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     vt = arrival[nxt]
                     continue
                 got = engine.step()
-                dt = (time.thread_time() - c0) / level
+                dt = (time.thread_time() - c0) / level ** level_exponent
                 plan = plans[-1]
                 if not plan.is_empty:
                     shapes.append(plan_shape(plan))
                     groups.append(decode_groups(plan, cfg.block_size))
+                    step_levels.append(round(level, 5))
                     starts.append(vt)
                     ends.append(vt + dt)
                 vt += dt
@@ -326,9 +345,110 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     if clock == "steady":
         info["reference_base_s"] = reference_base
         info["levels"] = levels
+        info["step_levels"] = step_levels
+        info["level_exponent"] = float(level_exponent)
     if groups:
         info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+
+
+def step_levels(run: EngineRun) -> np.ndarray | None:
+    """The machine's level each of ``run``'s steps was divided by on the steady clock (None
+    for another clock). Runs recorded before ``info["step_levels"]`` existed: rebuilt from
+    the level after each reference timing (every ``REFERENCE_EVERY`` steps), the first
+    steps taking the first one."""
+    info = run.info or {}
+    if info.get("clock") != "steady":
+        return None
+    if info.get("step_levels") is not None:
+        return np.asarray(info["step_levels"], dtype=float)
+    levels = info.get("levels") or []
+    if not levels:
+        return None
+    j = np.clip(np.arange(len(run.shapes)) // REFERENCE_EVERY - 1, 0, len(levels) - 1)
+    return np.asarray(levels, dtype=float)[j]
+
+
+def relevel(run: EngineRun, level_exponent: float) -> EngineRun:
+    """``run`` with every step's time divided by its level to the power ``level_exponent``
+    instead of the power it ran with (steady clock only). Only the step times change: the
+    schedule and the latencies stay those of the clock it ran on, which is all a fit of
+    step times needs."""
+    lev = step_levels(run)
+    if lev is None:
+        raise ValueError(f"run {run.label!r} is not on the steady clock: it has no levels to relevel by")
+    old = float(run.info.get("level_exponent", 1.0))
+    info = dict(run.info, level_exponent=float(level_exponent))
+    durations = run.durations * lev ** (old - level_exponent)
+    return EngineRun(run.trace, run.config, run.shapes, durations, run.ttft, run.tpot, run.e2e, run.label, info)
+
+
+def level_windows(run: EngineRun, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.ndarray, np.ndarray]:
+    """``(log level, log pace)`` per window of about ``window_s`` seconds of ``run``'s steps:
+    the machine's mean level in the window (weighted by predicted step time) and the steps'
+    CPU time before any division (level to the power the run used, times its time) over
+    ``model``'s prediction. Empty arrays when the run has no levels."""
+    lev = step_levels(run)
+    if lev is None or len(lev) != len(run.durations):
+        return np.zeros(0), np.zeros(0)
+    raw = run.durations * lev ** float(run.info.get("level_exponent", 1.0))
+    pred = np.array([model.step_s(s) for s in run.shapes])
+    xs, ys = [], []
+    lo, clock = 0, 0.0
+    for k, dt in enumerate(run.durations):
+        clock += float(dt)
+        if clock >= window_s:
+            p = pred[lo:k + 1].sum()
+            if p > 0:
+                xs.append(math.log(float((lev[lo:k + 1] * pred[lo:k + 1]).sum() / p)))
+                ys.append(math.log(float(raw[lo:k + 1].sum() / p)))
+            lo, clock = k + 1, 0.0
+    return np.array(xs), np.array(ys)
+
+
+def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_windows: int = 8) -> dict:
+    """How much the engine's steps slow when the reference work slows by a factor: the slope
+    of log(step CPU time / ``model``'s prediction) on log(machine level) over windows of
+    about ``window_s`` seconds, within each run (each run's own mean taken out, so a model's
+    offset for one piece's shapes does not count). Returns ``{"exponent", "windows", "r",
+    "level_sd"}``; the exponent is 1.0 (the steady clock's plain division) when there are
+    fewer than ``min_windows`` windows or the level barely moved (sd under 1%), and kept
+    within ``LEVEL_EXPONENT_RANGE``."""
+    xs, ys = [], []
+    for run in runs:
+        x, y = level_windows(run, model, window_s)
+        if len(x) >= 2:
+            xs.append(x - x.mean())
+            ys.append(y - y.mean())
+    x = np.concatenate(xs) if xs else np.zeros(0)
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    out = {"windows": int(len(x)), "level_sd": round(float(x.std()), 4) if len(x) else 0.0}
+    if len(x) < min_windows or x.std() < 0.01:
+        return dict(out, exponent=1.0, r=None)
+    slope = float((x * y).sum() / (x * x).sum())
+    lo, hi = LEVEL_EXPONENT_RANGE
+    return dict(out, exponent=round(min(hi, max(lo, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))
+
+
+def fit_calibration(runs, iterations: int = 3):
+    """Fit a step model to calibration ``runs`` (:func:`fit_step_model`); on the steady clock
+    also fit the level exponent (:func:`fit_level_exponent`), relevel the runs by it and
+    refit, ``iterations`` times (the exponent is read against the model, the model fitted to
+    steps divided by the exponent's level; two rounds settle it to the third decimal).
+    Returns ``(model, runs)``, the runs as the model was fitted to them; the model's
+    ``meta["level_exponent"]`` is what checks divide by."""
+    runs = list(runs)
+    model = fit_step_model(runs)
+    if not runs or any(step_levels(r) is None for r in runs):
+        return model, runs
+    fit = None
+    for _ in range(iterations):
+        fit = fit_level_exponent(runs, model)
+        runs = [relevel(r, fit["exponent"]) for r in runs]
+        model = fit_step_model(runs)
+    model.meta["level_exponent"] = fit["exponent"]
+    model.meta["level_exponent_fit"] = fit
+    return model, runs
 
 
 def reference_work(llm):

@@ -20,7 +20,11 @@ trace differed by up to ±42%. So calibration and check run on the *steady clock
 by default (:func:`~servelab.sim.calibrate.run_engine`): each step's CPU time
 divided by the machine's level, read every 10 steps from that fixed work against
 its time at the calibration's start (``meta["reference_base_s"]``); the check uses
-the calibration's base, so both read as if the machine had held one speed.
+the calibration's base, so both read as if the machine had held one speed. The
+steps slow more than that work does (on the course's VM about 1.5x as much: a
+machine 10% slower by the work runs the steps about 16% slower), so the
+calibration also fits that power (:func:`~servelab.sim.calibrate.fit_level_exponent`,
+``meta["level_exponent"]``) and every check divides by the level raised to it.
 :func:`speed_windows` shows the wander a run keeps. The verdict is the simulator as
 calibrated (as the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows each
 checked run, on the same engine, with a *level probe*: one calibration piece
@@ -86,7 +90,7 @@ def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", sa
         runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=name, clock=clock, probe=False,
                                    reference_base=base))
         base = runs[-1].info.get("reference_base_s", base)
-    model = cal.fit_step_model(runs)
+    model, runs = cal.fit_calibration(runs)
     shapes = [s for r in runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in runs])
     model.meta.update(
@@ -293,6 +297,10 @@ def _reference_base(model, clock: str) -> float | None:
     return float(base)
 
 
+def _level_exponent(model) -> float:
+    return float((getattr(model, "meta", {}) or {}).get("level_exponent", 1.0))
+
+
 def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, model_dir=None, clock: str | None = None,
                label: str = "", seed_offset: int = 0, relevel: bool = False):
     """Serve ``trace`` once with a freshly built engine (no prefixes cached from another run);
@@ -305,12 +313,14 @@ def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, mode
     clock = clock or model_clock(model)
     base = _reference_base(model, clock)
     llm = cal.build_llm(config, model_dir)
+    power = _level_exponent(model) if clock == "steady" else 1.0
     run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False,
-                         reference_base=base)
+                         reference_base=base, level_exponent=power)
     run.info["load_average_1min"] = round(os.getloadavg()[0], 2)
     if relevel:
         probe = cal.run_engine(level_probe_trace(), config, llm=llm, seed=1000 + seed_offset,
-                               label=f"level probe {label}", clock=clock, probe=False, reference_base=base)
+                               label=f"level probe {label}", clock=clock, probe=False, reference_base=base,
+                               level_exponent=power)
         run.info["level"] = machine_level(probe, model)
     return run
 

@@ -1,0 +1,110 @@
+"""The steady clock's level exponent: how much the engine's steps slow when the reference
+work slows by a factor, fitted at calibration and divided out by every check. No engine
+runs here (instant): the runs are built from a known model, a known wander and a known
+exponent, and the fit must find them."""
+import math
+
+import numpy as np
+import pytest
+
+from servelab.sim import calibrate as cal
+from servelab.sim import check
+from servelab.sim.step_model import LinearStepModel, StepShape
+
+TRUE = LinearStepModel(a=0.004, c_decode=2e-4)
+
+
+def _steady_run(power: float, *, exponent_used: float = 1.0, steps: int = 3000, seed: int = 0,
+                offset: float = 1.0, label: str = "r") -> cal.EngineRun:
+    """A steady-clock run whose raw step times are ``TRUE``'s times x level ** power x offset,
+    with the machine's level wandering slowly between 0.8 and 1.25, divided (as run_engine
+    does) by the level to ``exponent_used``."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice([1, 2, 4, 8, 16, 32], size=steps)
+    shapes = [StepShape(0, int(r), int(r) * 200) for r in rows]
+    t = np.arange(steps)
+    level = np.round(np.exp(0.11 * np.sin(t / 300.0 + seed)), 5)
+    raw = np.array([TRUE.step_s(s) for s in shapes]) * level ** power * offset
+    durations = raw / level ** exponent_used
+    info = {"clock": "steady", "step_levels": level.tolist(), "level_exponent": exponent_used,
+            "levels": level[::10].tolist()}
+    z = np.zeros(0)
+    return cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, label, info)
+
+
+def test_fit_finds_the_exponent_the_steps_follow():
+    runs = [_steady_run(1.6, seed=k, offset=1 + 0.1 * k) for k in range(3)]
+    fit = cal.fit_level_exponent(runs, TRUE)
+    # each run's own offset (a piece the model prices 10-20% off) does not bias the slope
+    assert fit["exponent"] == pytest.approx(1.6, abs=0.01)
+    assert fit["r"] > 0.99 and fit["windows"] >= 8
+    # the exponent a run was divided by does not change what it finds: raw times are rebuilt
+    other = [_steady_run(1.6, exponent_used=1.3, seed=k) for k in range(3)]
+    assert cal.fit_level_exponent(other, TRUE)["exponent"] == pytest.approx(1.6, abs=0.01)
+
+
+def test_a_still_machine_or_a_short_run_keeps_the_plain_division():
+    still = _steady_run(1.6)
+    still.info["step_levels"] = [1.0] * len(still.shapes)
+    assert cal.fit_level_exponent([still], TRUE)["exponent"] == 1.0
+    short = _steady_run(1.6, steps=40)
+    fit = cal.fit_level_exponent([short], TRUE)
+    assert fit["exponent"] == 1.0 and fit["r"] is None
+    # a fit outside the kept range is clipped to it
+    wild = _steady_run(9.0)
+    assert cal.fit_level_exponent([wild], TRUE)["exponent"] == cal.LEVEL_EXPONENT_RANGE[1]
+
+
+def test_relevel_changes_the_step_times_only():
+    run = _steady_run(1.6)
+    again = cal.relevel(run, 1.6)
+    expected = np.array([TRUE.step_s(s) for s in run.shapes])
+    assert np.allclose(again.durations, expected)  # the wander divided out entirely
+    assert again.info["level_exponent"] == 1.6 and run.info["level_exponent"] == 1.0
+    assert again.shapes is run.shapes and again.ttft is run.ttft
+    back = cal.relevel(again, 1.0)
+    assert np.allclose(back.durations, run.durations)
+    cpu = cal.EngineRun(None, None, run.shapes, run.durations, run.ttft, run.tpot, run.e2e, "cpu",
+                        {"clock": "cpu"})
+    with pytest.raises(ValueError, match="not on the steady clock"):
+        cal.relevel(cpu, 1.5)
+
+
+def test_step_levels_rebuilt_for_runs_recorded_before_they_were_kept():
+    run = _steady_run(1.0, steps=35)
+    levels = run.info.pop("step_levels")
+    run.info["levels"] = [1.1, 1.2, 1.3]  # after steps 10, 20 and 30
+    got = cal.step_levels(run)
+    assert got[:20].tolist() == [1.1] * 20 and got[20:30].tolist() == [1.2] * 10
+    assert got[30:].tolist() == [1.3] * 5 and len(levels) == 35
+
+
+def test_calibration_fit_divides_the_wander_out_and_records_the_exponent():
+    runs = [_steady_run(1.5, seed=k) for k in range(3)]
+    model, fitted = cal.fit_calibration(runs)
+    assert model.meta["level_exponent"] == pytest.approx(1.5, abs=0.02)
+    assert model.meta["level_exponent_fit"]["windows"] >= 8
+    assert all(r.info["level_exponent"] == model.meta["level_exponent"] for r in fitted)
+    shapes = [StepShape(0, r, 200 * r) for r in (1, 8, 32)]
+    for s in shapes:
+        assert model.step_s(s) == pytest.approx(TRUE.step_s(s), rel=0.03)
+    # the plain division leaves half the wander in the steps: its windows still follow the level
+    assert cal.fit_level_exponent(runs, cal.fit_step_model(runs))["exponent"] == pytest.approx(1.5, abs=0.05)
+    # runs without levels (another clock) fit as before, with no exponent
+    cpu = [cal.EngineRun(None, None, r.shapes, r.durations, r.ttft, r.tpot, r.e2e, "c", {"clock": "cpu"})
+           for r in runs]
+    model_cpu, _ = cal.fit_calibration(cpu)
+    assert "level_exponent" not in model_cpu.meta
+
+
+def test_a_check_divides_by_the_calibrations_exponent():
+    assert check._level_exponent(LinearStepModel(a=0.01)) == 1.0
+    m = LinearStepModel(a=0.01)
+    m.meta["level_exponent"] = 1.55
+    assert check._level_exponent(m) == 1.55
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "1.5"])
+def test_run_engine_refuses_a_bad_exponent(bad):
+    with pytest.raises(ValueError, match="level_exponent must be a positive number"):
+        cal.run_engine(None, clock="steady", level_exponent=bad)
