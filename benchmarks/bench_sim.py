@@ -183,6 +183,9 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
            "engine_measured_at": {"git_commit": at.get("git_commit"), "machine": at.get("machine"),
                                   "clock": at.get("clock", clock), "engine_tree": at.get("engine_tree")},
            "repeats": repeats, "goal": {"worst": GOAL_WORST, "median": GOAL_MEDIAN}}
+    if held_runs and all(cal.step_levels(r) is not None for r in held_runs):
+        # the same slope read from the held-out runs' own windows: does the calibration's power carry over?
+        res["held_out_level_exponent"] = cal.fit_level_exponent(held_runs, model)
     errs = [abs(r[f"error_{k}"]) for r in rows if r["set"] == "held-out" for k in cal.METRICS]
     if errs:
         res["held_out_worst"] = round(max(errs), 4)
@@ -223,7 +226,9 @@ def calibration_md(c: dict) -> list:
                 + (f"; each step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
                    "faster than that work the steps slowed within the calibration's own runs "
                    f"(slope over {meta['level_exponent_fit']['windows']} windows of "
-                   f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']})"
+                   f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']}"
+                   + (f"; the held-out runs' own windows gave {c['held_out_level_exponent']['exponent']:.2f}"
+                      if (c.get("held_out_level_exponent") or {}).get("r") is not None else "") + ")"
                    if meta.get("level_exponent_fit", {}).get("r") is not None else "")
                 + "), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "
@@ -357,7 +362,9 @@ def calibration_md(c: dict) -> list:
                   + "."]
     for h in c.get("history") or []:
         lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}"
-                  + (f", on the {h['clock']} clock" if h.get("clock") else "") + f"): worst held-out "
+                  + (f", on the {h['clock']} clock" if h.get("clock") else "")
+                  + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
+                  + f"): worst held-out "
                   f"error {h['worst']:.1%}, median {h['median']:.1%}"
                   + (f", engine spread up to ±{h['worst_spread']:.1%}" if h.get("worst_spread") is not None else "")
                   + f", under load averages of {h['loads']}."]
@@ -459,6 +466,7 @@ def main(argv=None) -> int:
                                "worst": was["held_out_worst"], "median": was["held_out_median"],
                                "loads": _span(loads) if loads else "not recorded",
                                "clock": at.get("clock") or "cpu",
+                               "level_exponent": (was.get("model") or {}).get("meta", {}).get("level_exponent"),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \
                 list(was.get("history") or [])[:4]
