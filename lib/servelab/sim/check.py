@@ -55,7 +55,7 @@ from servelab.workload import Trace, percentile
 
 __all__ = ["speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
-           "machine_level", "spread_check", "serve_once"]
+           "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -76,26 +76,40 @@ def cache_path(model_dir=None, quick: bool = True, clock: str = "steady") -> Pat
     return root / f"step_model-{machine_key()}-{engine_fingerprint()}-{model_tag(model_dir)}-{kind}.json"
 
 
-def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", say=print, rate: float | None = None):
-    """Fit a step model to the engine on this machine over the calibration sweep.
+#: Rounds of the quick sweep (each with its own seed: other contexts, another order, other
+#: moments). One round's fit priced the same steps up to 8% apart from another's on the
+#: course's VM, read at one reference time; two rounds average that.
+QUICK_ROUNDS = 2
+
+
+def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", say=print, rate: float | None = None,
+                   rounds: int | None = None):
+    """Fit a step model to the engine on this machine over the calibration sweep
+    (``rounds`` times, each with its own seed; default ``QUICK_ROUNDS`` quick, one full).
     Returns ``(model, runs)``; the runs are :class:`~servelab.sim.calibrate.EngineRun`\\ s.
     On the steady clock every piece divides its steps by the machine's level against the
     reference work's time at the first piece's start (``meta["reference_base_s"]``), which a
     check then uses too."""
+    rounds = (QUICK_ROUNDS if quick else 1) if rounds is None else rounds
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive whole number, got {rounds!r}")
     t0, c0 = time.perf_counter(), time.process_time()
     runs = []
     base = None
-    for name, (trace, cfg) in sweep_traces(quick=quick, rate=rate).items():
-        say(f"calibration piece {name!r}: {len(trace)} requests ...")
-        runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=name, clock=clock, probe=False,
-                                   reference_base=base))
-        base = runs[-1].info.get("reference_base_s", base)
+    for k in range(rounds):
+        for name, (trace, cfg) in sweep_traces(quick=quick, rate=rate, seed=k).items():
+            label = name if k == 0 else f"{name} ({k + 1})"
+            say(f"calibration piece {label!r}: {len(trace)} requests ...")
+            runs.append(cal.run_engine(trace, cfg, model_dir=model_dir, label=label, clock=clock, probe=False,
+                                       reference_base=base))
+            base = runs[-1].info.get("reference_base_s", base)
     model, runs = cal.fit_calibration(runs)
     shapes = [s for r in runs for s in r.shapes]
     durs = np.concatenate([r.durations for r in runs])
     model.meta.update(
         engine_fingerprint=engine_fingerprint(), machine_key=machine_key(), model=model_tag(model_dir),
-        calibration="sweep (quick)" if quick else "sweep", seconds=round(time.perf_counter() - t0, 1),
+        calibration=("sweep (quick)" if quick else "sweep") + (f", {rounds} rounds" if rounds > 1 else ""),
+        seconds=round(time.perf_counter() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         load_average_1min=round(os.getloadavg()[0], 2), clock=clock,
         **({"reference_base_s": base} if base is not None else {}),
