@@ -108,3 +108,12 @@ def test_a_check_divides_by_the_calibrations_exponent():
 def test_run_engine_refuses_a_bad_exponent(bad):
     with pytest.raises(ValueError, match="level_exponent must be a positive number"):
         cal.run_engine(None, clock="steady", level_exponent=bad)
+
+
+def test_the_committed_calibration_records_its_power():
+    model = cal.load_step_model(cal.DEFAULT_STEP_MODEL)
+    meta = model.meta
+    assert meta["clock"] == "steady"
+    lo, hi = cal.LEVEL_EXPONENT_RANGE
+    assert lo <= meta["level_exponent"] <= hi
+    assert meta["level_exponent_fit"]["exponent"] == meta["level_exponent"]
