@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sim.py                      # full run (1 thread)
     .venv/bin/python benchmarks/bench_sim.py --speed-only         # the million-request timing only
-    .venv/bin/python benchmarks/bench_sim.py --calibration-only [--quick-calibration] [--repeats 3]
+    .venv/bin/python benchmarks/bench_sim.py --calibration-only [--quick-calibration] [--repeats 5]
     .venv/bin/python benchmarks/bench_sim.py --quick --out D      # smoke run (seconds), into folder D
 
 Writes sim.md and sim.json into benchmarks/results/ (or ``--out``); a measured
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--calibration-only", action="store_true")
     p.add_argument("--quick-calibration", action="store_true", help="the smaller calibration sweep")
-    p.add_argument("--repeats", type=int, default=3, help="engine runs per held-out family (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="engine runs per held-out family (default %(default)s)")
     p.add_argument("--runs-from", default=None, help="refit from saved engine runs instead of measuring")
     p.add_argument("--clock", default="steady", choices=cal.CLOCKS,
                    help="time engine steps by their CPU time over the machine's level on a virtual clock "

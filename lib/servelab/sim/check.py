@@ -339,7 +339,7 @@ def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, mode
     return run
 
 
-def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 2, model_dir=None,
+def check_trace(trace: Trace, model, config: ReplicaConfig | None = None, *, repeats: int = 5, model_dir=None,
                 clock: str | None = None, label: str = "", say=None, keep_runs: bool = False,
                 relevel: bool = False, own_fit: bool = True) -> SpreadCheck:
     """Serve ``trace`` with the engine ``repeats`` times (:func:`serve_once`: a fresh engine

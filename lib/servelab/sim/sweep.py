@@ -102,9 +102,10 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
     b = _Builder(seed)
     rows = (1, 2, 4, 8, 16, 24, 32) if quick else (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32)
     lengths = (16, 300, 900) if quick else (16, 120, 300, 600, 900)
-    # the quick grid twice over (other contexts, other moments): a many-row batch's steps set a full
-    # replica's pace, and a handful of pieces let the machine's wander during them into the fit
-    for r in [r for r in rows for _ in range(2 if quick else 1)]:
+    # the grid once per sweep: the quick calibration runs the sweep in rounds (check.QUICK_ROUNDS,
+    # each with its own seed), so a many-row batch, whose steps set a full replica's pace, is
+    # measured at several moments and the machine's wander during one does not set its price
+    for r in rows:
         for length in lengths:
             # contexts spread around the level (a third to five thirds of it), as a real batch's
             # are: the engine gathers decode rows in groups of similar length, one pass per group
