@@ -51,6 +51,9 @@ from make_sim_traces import FAMILIES, OUT as TRACES, file_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
+#: Earlier checks sim.json keeps (each check's verdict, clock and runs): every check since the
+#: steady clock came in, so the chapters can count how often the goal was met.
+HISTORY = 10
 #: Seconds of a run's steps per window of the within-run wander (sim.md): speed_windows' default.
 WINDOW_S = inspect.signature(check.speed_windows).parameters["window_s"].default
 
@@ -364,6 +367,7 @@ def calibration_md(c: dict) -> list:
         lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}"
                   + (f", on the {h['clock']} clock" if h.get("clock") else "")
                   + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
+                  + (f", {h['runs']} engine runs a family" if h.get("runs") else "")
                   + f"): worst held-out "
                   f"error {h['worst']:.1%}, median {h['median']:.1%}"
                   + (f", engine spread up to ±{h['worst_spread']:.1%}" if h.get("worst_spread") is not None else "")
@@ -467,9 +471,10 @@ def main(argv=None) -> int:
                                "loads": _span(loads) if loads else "not recorded",
                                "clock": at.get("clock") or "cpu",
                                "level_exponent": (was.get("model") or {}).get("meta", {}).get("level_exponent"),
+                               "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \
-                list(was.get("history") or [])[:4]
+                list(was.get("history") or [])[:HISTORY - 1]
         elif new is not was and was.get("history"):
             new["history"] = list(was["history"])
     report = markdown(res)
