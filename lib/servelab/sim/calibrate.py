@@ -41,6 +41,9 @@ from servelab.machine import git_commit
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
+from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_EVERY,  # noqa: F401
+                                 REFERENCE_WARM, fit_level_exponent, level_windows, reference_drift,
+                                 reference_work, relevel, step_levels, time_reference)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
@@ -139,27 +142,6 @@ def build_llm(config: ReplicaConfig | None = None, model_dir=None, seed: int = 0
 
 #: The clocks :func:`run_engine` can time the engine by.
 CLOCKS = ("cpu", "steady", "wall")
-
-#: Untimed passes of the reference work before the timed one: right after a many-row step the
-#: work runs up to 1.35x slower for a few milliseconds (measured on the course's Xeon VM), after
-#: four passes within about 10% of its time after one-row steps, so it reads the machine, not
-#: the step before it.
-REFERENCE_WARM = 4
-
-#: References whose median sets the steady clock's current level (the latest ones).
-LEVEL_WINDOW = 3
-
-#: Steps between timings of the reference work (:func:`run_engine`'s default).
-REFERENCE_EVERY = 10
-
-#: Windows of this many seconds (of a run's own steps) in which :func:`fit_level_exponent`
-#: compares the steps' pace with the machine's level.
-LEVEL_WINDOW_S = 2.0
-
-#: The range :func:`fit_level_exponent` keeps its answer in (outside it the fit is taken to
-#: have read noise, not the machine).
-LEVEL_EXPONENT_RANGE = (0.5, 3.0)
-
 
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
@@ -352,84 +334,6 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
 
 
-def step_levels(run: EngineRun) -> np.ndarray | None:
-    """The machine's level each of ``run``'s steps was divided by on the steady clock (None
-    for another clock). Runs recorded before ``info["step_levels"]`` existed: rebuilt from
-    the level after each reference timing (every ``REFERENCE_EVERY`` steps), the first
-    steps taking the first one."""
-    info = run.info or {}
-    if info.get("clock") != "steady":
-        return None
-    if info.get("step_levels") is not None:
-        return np.asarray(info["step_levels"], dtype=float)
-    levels = info.get("levels") or []
-    if not levels:
-        return None
-    j = np.clip(np.arange(len(run.shapes)) // REFERENCE_EVERY - 1, 0, len(levels) - 1)
-    return np.asarray(levels, dtype=float)[j]
-
-
-def relevel(run: EngineRun, level_exponent: float) -> EngineRun:
-    """``run`` with every step's time divided by its level to the power ``level_exponent``
-    instead of the power it ran with (steady clock only). Only the step times change: the
-    schedule and the latencies stay those of the clock it ran on, which is all a fit of
-    step times needs."""
-    lev = step_levels(run)
-    if lev is None:
-        raise ValueError(f"run {run.label!r} is not on the steady clock: it has no levels to relevel by")
-    old = float(run.info.get("level_exponent", 1.0))
-    info = dict(run.info, level_exponent=float(level_exponent))
-    durations = run.durations * lev ** (old - level_exponent)
-    return EngineRun(run.trace, run.config, run.shapes, durations, run.ttft, run.tpot, run.e2e, run.label, info)
-
-
-def level_windows(run: EngineRun, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.ndarray, np.ndarray]:
-    """``(log level, log pace)`` per window of about ``window_s`` seconds of ``run``'s steps:
-    the machine's mean level in the window (weighted by predicted step time) and the steps'
-    CPU time before any division (level to the power the run used, times its time) over
-    ``model``'s prediction. Empty arrays when the run has no levels."""
-    lev = step_levels(run)
-    if lev is None or len(lev) != len(run.durations):
-        return np.zeros(0), np.zeros(0)
-    raw = run.durations * lev ** float(run.info.get("level_exponent", 1.0))
-    pred = np.array([model.step_s(s) for s in run.shapes])
-    xs, ys = [], []
-    lo, clock = 0, 0.0
-    for k, dt in enumerate(run.durations):
-        clock += float(dt)
-        if clock >= window_s:
-            p = pred[lo:k + 1].sum()
-            if p > 0:
-                xs.append(math.log(float((lev[lo:k + 1] * pred[lo:k + 1]).sum() / p)))
-                ys.append(math.log(float(raw[lo:k + 1].sum() / p)))
-            lo, clock = k + 1, 0.0
-    return np.array(xs), np.array(ys)
-
-
-def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_windows: int = 8) -> dict:
-    """How much the engine's steps slow when the reference work slows by a factor: the slope
-    of log(step CPU time / ``model``'s prediction) on log(machine level) over windows of
-    about ``window_s`` seconds, within each run (each run's own mean taken out, so a model's
-    offset for one piece's shapes does not count). Returns ``{"exponent", "windows", "r",
-    "level_sd"}``; the exponent is 1.0 (the steady clock's plain division) when there are
-    fewer than ``min_windows`` windows or the level barely moved (sd under 1%), and kept
-    within ``LEVEL_EXPONENT_RANGE``."""
-    xs, ys = [], []
-    for run in runs:
-        x, y = level_windows(run, model, window_s)
-        if len(x) >= 2:
-            xs.append(x - x.mean())
-            ys.append(y - y.mean())
-    x = np.concatenate(xs) if xs else np.zeros(0)
-    y = np.concatenate(ys) if ys else np.zeros(0)
-    out = {"windows": int(len(x)), "level_sd": round(float(x.std()), 4) if len(x) else 0.0}
-    if len(x) < min_windows or x.std() < 0.01:
-        return dict(out, exponent=1.0, r=None)
-    slope = float((x * y).sum() / (x * x).sum())
-    lo, hi = LEVEL_EXPONENT_RANGE
-    return dict(out, exponent=round(min(hi, max(lo, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))
-
-
 def fit_calibration(runs, iterations: int = 3):
     """Fit a step model to calibration ``runs`` (:func:`fit_step_model`); on the steady clock
     also fit the level exponent (:func:`fit_level_exponent`), relevel the runs by it and
@@ -449,44 +353,6 @@ def fit_calibration(runs, iterations: int = 3):
     model.meta["level_exponent"] = fit["exponent"]
     model.meta["level_exponent_fit"] = fit
     return model, runs
-
-
-def reference_work(llm):
-    """A fixed piece of work shaped like a decode step: one row through every weight matrix of
-    the model (no attention, no engine state touched). Returns a function that does it once."""
-    import torch
-    mats = [p.detach() for p in llm.model.parameters() if p.dim() == 2]
-    rows = [torch.ones(1, m.shape[1], dtype=m.dtype) for m in mats]
-
-    def run():
-        with torch.no_grad():
-            for x, m in zip(rows, mats):
-                torch.mm(x, m.t())
-    run()
-    return run
-
-
-def time_reference(reference, warm: int = REFERENCE_WARM) -> float:
-    """CPU seconds of one pass of ``reference`` (from :func:`reference_work`) after ``warm``
-    untimed ones."""
-    for _ in range(warm):
-        reference()
-    c0 = time.thread_time()
-    reference()
-    return time.thread_time() - c0
-
-
-def reference_drift(run: EngineRun, min_count: int = 8) -> float | None:
-    """How much the machine's speed shifted within ``run``: the median time of the reference work
-    in the slower half of the run over the faster half (1.0: a steady machine; one timing alone
-    varies by tens of percent, a half's median by a few). None with fewer than ``min_count``
-    timings."""
-    refs = run.info.get("reference_s") if run.info else None
-    if not refs or len(refs) < min_count:
-        return None
-    h = len(refs) // 2
-    a, b = float(np.median(refs[:h])), float(np.median(refs[h:]))
-    return max(a, b) / min(a, b)
 
 
 def prefault(llm) -> None:
