@@ -98,10 +98,10 @@ def test_calibration_fit_divides_the_wander_out_and_records_the_exponent():
 
 
 def test_a_check_divides_by_the_calibrations_exponent():
-    assert check._level_exponent(LinearStepModel(a=0.01)) == 1.0
+    assert check.model_level_exponent(LinearStepModel(a=0.01)) == 1.0
     m = LinearStepModel(a=0.01)
     m.meta["level_exponent"] = 1.55
-    assert check._level_exponent(m) == 1.55
+    assert check.model_level_exponent(m) == 1.55
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "1.5"])
@@ -117,3 +117,8 @@ def test_the_committed_calibration_records_its_power():
     lo, hi = cal.LEVEL_EXPONENT_RANGE
     assert lo <= meta["level_exponent"] <= hi
     assert meta["level_exponent_fit"]["exponent"] == meta["level_exponent"]
+
+
+def test_windows_close_when_their_time_is_reached_and_drop_a_short_tail():
+    got = cal.window_slices([0.5, 0.6, 1.0, 0.2, 2.5, 0.1], 1.0)
+    assert got == [slice(0, 2), slice(2, 3), slice(3, 5)]  # the last 0.1 s is no window

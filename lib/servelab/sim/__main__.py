@@ -63,7 +63,7 @@ def cmd_check(a) -> int:
     for why in check.stale_reasons(model, a.model):
         print(f"warning: this step model is not a calibration of this engine and machine: {why}")
     clock = a.clock or check.model_clock(model)
-    power = (getattr(model, "meta", {}) or {}).get("level_exponent", 1.0)
+    power = check.model_level_exponent(model)
     print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level to the power {power:g}, "
                                f"the level read every {calibrate.REFERENCE_EVERY} steps from a fixed piece of "
                                f"work against the calibration's)" if clock == "steady" else ""))
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
     c.add_argument("--model", default=None, help="checkpoint folder (default: the course's main model)")
     c.add_argument("--step-model", default=None,
                    help="a saved step model (default: this machine's calibration, made first if there is none)")
-    # five: on the course's VM, checks with three runs a family missed by up to 16-20% at worst,
-    # one with five by 10% (benchmarks/results/sim.md)
+    # five: on the course's VM the median of three runs moved too much between checks for the
+    # worst-percentile goal (every check's runs and errors: sim.json's history)
     c.add_argument("--repeats", type=int, default=5, help="engine runs of the trace (default %(default)s)")
     c.add_argument("--save-run", default=None, help="also save the check (every run's percentiles) as JSON")
     c.add_argument("--relevel", action="store_true",

@@ -22,7 +22,7 @@ divided by the machine's level, read every 10 steps from that fixed work against
 its time at the calibration's start (``meta["reference_base_s"]``); the check uses
 the calibration's base, so both read as if the machine had held one speed. The
 steps slow more than that work does (on the course's VM about 1.5x as much: a
-machine 10% slower by the work runs the steps about 16% slower), so the
+machine 10% slower by the work went with steps about 15% slower), so the
 calibration also fits that power (:func:`~servelab.sim.calibrate.fit_level_exponent`,
 ``meta["level_exponent"]``) and every check divides by the level raised to it.
 :func:`speed_windows` shows the wander a run keeps. The verdict is the simulator as
@@ -55,7 +55,7 @@ from servelab.workload import Trace, percentile
 
 __all__ = ["speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
-           "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS"]
+           "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -77,8 +77,8 @@ def cache_path(model_dir=None, quick: bool = True, clock: str = "steady") -> Pat
 
 
 #: Rounds of the quick sweep (each with its own seed: other contexts, another order, other
-#: moments). One round's fit priced the same steps up to 8% apart from another's on the
-#: course's VM, read at one reference time; two rounds average that.
+#: moments). Refits of three single-round calibrations of the course's VM, read at one
+#: reference time, priced the same steps up to 8% apart; two rounds average that.
 QUICK_ROUNDS = 2
 
 
@@ -266,14 +266,9 @@ def speed_windows(run, model, window_s: float = 2.0) -> np.ndarray:
     shapes a window held."""
     if window_s <= 0:
         raise ValueError(f"window_s must be positive seconds, got {window_s!r}")
-    out, got, want = [], 0.0, 0.0
-    for shape, dt in zip(run.shapes, run.durations):
-        got += float(dt)
-        want += model.step_s(shape)
-        if got >= window_s:
-            out.append(got / want)
-            got = want = 0.0
-    return np.array(out)
+    pred = np.array([model.step_s(s) for s in run.shapes])
+    return np.array([float(run.durations[w].sum() / pred[w].sum())
+                     for w in cal.window_slices(run.durations, window_s)])
 
 
 def _median_of(preds: list) -> dict:
@@ -311,7 +306,9 @@ def _reference_base(model, clock: str) -> float | None:
     return float(base)
 
 
-def _level_exponent(model) -> float:
+def model_level_exponent(model) -> float:
+    """The power of the machine's level ``model``'s calibration divides steps by (its
+    ``meta["level_exponent"]``; 1.0, the plain division, when not recorded)."""
     return float((getattr(model, "meta", {}) or {}).get("level_exponent", 1.0))
 
 
@@ -327,7 +324,7 @@ def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, mode
     clock = clock or model_clock(model)
     base = _reference_base(model, clock)
     llm = cal.build_llm(config, model_dir)
-    power = _level_exponent(model) if clock == "steady" else 1.0
+    power = model_level_exponent(model) if clock == "steady" else 1.0
     run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False,
                          reference_base=base, level_exponent=power)
     run.info["load_average_1min"] = round(os.getloadavg()[0], 2)

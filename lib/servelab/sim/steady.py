@@ -6,9 +6,9 @@ its caches and memory), and even a step's CPU time follows. So on the steady clo
 (:func:`servelab.sim.calibrate.run_engine` with ``clock="steady"``) the engine times
 :func:`reference_work` every ``REFERENCE_EVERY`` steps; the median of the latest
 ``LEVEL_WINDOW`` timings over its time at the calibration's start is the machine's *level*,
-and each step's CPU time is divided by the level raised to a power. On the course's VM the
-steps swing more than the fixed work does (a level 10% higher, steps about 15% slower), so
-a calibration fits that power (:func:`fit_level_exponent`) and every check divides by it;
+and each step's CPU time is divided by the level raised to a power. The steps swing
+more than the fixed work does (on the course's VM a level 10% higher went with steps
+about 15% slower), so a calibration fits that power (:func:`fit_level_exponent`) and every check divides by it;
 :func:`relevel` applies another power to a run already measured.
 
 Pure numpy (the reference work imports torch inside).
@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 __all__ = ["REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
-           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "level_windows",
+           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "level_windows",
            "fit_level_exponent"]
 
 #: Untimed passes of the reference work before the timed one: right after a many-row step the
@@ -114,6 +114,18 @@ def relevel(run, level_exponent: float):
     return replace(run, durations=run.durations * lev ** (old - level_exponent), info=info)
 
 
+def window_slices(durations, window_s: float) -> list[slice]:
+    """Consecutive runs of steps whose times first add up to ``window_s`` seconds or more (a
+    last, shorter run is dropped)."""
+    out, lo, clock = [], 0, 0.0
+    for k, dt in enumerate(durations):
+        clock += float(dt)
+        if clock >= window_s:
+            out.append(slice(lo, k + 1))
+            lo, clock = k + 1, 0.0
+    return out
+
+
 def level_windows(run, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.ndarray, np.ndarray]:
     """``(log level, log pace)`` per window of about ``window_s`` seconds of ``run``'s steps:
     the machine's mean level in the window (weighted by predicted step time) and the steps'
@@ -125,15 +137,11 @@ def level_windows(run, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.ndar
     raw = run.durations * lev ** float(run.info.get("level_exponent", 1.0))
     pred = np.array([model.step_s(s) for s in run.shapes])
     xs, ys = [], []
-    lo, clock = 0, 0.0
-    for k, dt in enumerate(run.durations):
-        clock += float(dt)
-        if clock >= window_s:
-            p = pred[lo:k + 1].sum()
-            if p > 0:
-                xs.append(math.log(float((lev[lo:k + 1] * pred[lo:k + 1]).sum() / p)))
-                ys.append(math.log(float(raw[lo:k + 1].sum() / p)))
-            lo, clock = k + 1, 0.0
+    for w in window_slices(run.durations, window_s):
+        p = pred[w].sum()
+        if p > 0:
+            xs.append(math.log(float((lev[w] * pred[w]).sum() / p)))
+            ys.append(math.log(float(raw[w].sum() / p)))
     return np.array(xs), np.array(ys)
 
 
