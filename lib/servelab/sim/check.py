@@ -77,8 +77,8 @@ def cache_path(model_dir=None, quick: bool = True, clock: str = "steady") -> Pat
 
 
 #: Rounds of the quick sweep (each with its own seed: other contexts, another order, other
-#: moments). Refits of three single-round calibrations of the course's VM, read at one
-#: reference time, priced the same steps up to 8% apart; two rounds average that.
+#: moments), so no one moment's machine speed sets a price; the simulator appendix shows how
+#: far a calibration's rounds, fitted apart, price the same steps.
 QUICK_ROUNDS = 2
 
 
