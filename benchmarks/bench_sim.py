@@ -230,6 +230,10 @@ def calibration_md(c: dict) -> list:
                    "faster than that work the steps slowed within the calibration's own runs "
                    f"(slope over {meta['level_exponent_fit']['windows']} windows of "
                    f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']}"
+                   + (f"; each window read twice, from its even and its odd timings, so one timing's noise "
+                      f"does not flatten the slope: a plain least-squares slope gave "
+                      f"{meta['level_exponent_fit']['plain_slope']:.2f}"
+                      if meta["level_exponent_fit"].get("plain_slope") is not None else "")
                    + (f"; the held-out runs' own windows gave {c['held_out_level_exponent']['exponent']:.2f}"
                       if (c.get("held_out_level_exponent") or {}).get("r") is not None else "") + ")"
                    if meta.get("level_exponent_fit", {}).get("r") is not None else "")

@@ -15,10 +15,11 @@ TRUE = LinearStepModel(a=0.004, c_decode=2e-4)
 
 
 def _steady_run(power: float, *, exponent_used: float = 1.0, steps: int = 3000, seed: int = 0,
-                offset: float = 1.0, label: str = "r") -> cal.EngineRun:
+                offset: float = 1.0, label: str = "r", reading_noise: float = 0.0) -> cal.EngineRun:
     """A steady-clock run whose raw step times are ``TRUE``'s times x level ** power x offset,
     with the machine's level wandering slowly between 0.8 and 1.25, divided (as run_engine
-    does) by the level to ``exponent_used``."""
+    does) by the level to ``exponent_used``. The reference work is timed after every 10th
+    step at 1.5 ms x the level, each timing off by a lognormal ``reading_noise``."""
     rng = np.random.default_rng(seed)
     rows = rng.choice([1, 2, 4, 8, 16, 32], size=steps)
     shapes = [StepShape(0, int(r), int(r) * 200) for r in rows]
@@ -26,8 +27,10 @@ def _steady_run(power: float, *, exponent_used: float = 1.0, steps: int = 3000, 
     level = np.round(np.exp(0.11 * np.sin(t / 300.0 + seed)), 5)
     raw = np.array([TRUE.step_s(s) for s in shapes]) * level ** power * offset
     durations = raw / level ** exponent_used
+    after = np.arange(9, steps, 10)  # the step each timing followed
+    refs = 1.5e-3 * level[after] * np.exp(reading_noise * rng.standard_normal(len(after)))
     info = {"clock": "steady", "step_levels": level.tolist(), "level_exponent": exponent_used,
-            "levels": level[::10].tolist()}
+            "levels": level[::10].tolist(), "reference_s": refs.tolist()}
     z = np.zeros(0)
     return cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, label, info)
 
@@ -43,9 +46,29 @@ def test_fit_finds_the_exponent_the_steps_follow():
     assert cal.fit_level_exponent(other, TRUE)["exponent"] == pytest.approx(1.6, abs=0.01)
 
 
+def test_noisy_readings_of_the_level_do_not_flatten_the_exponent():
+    # each timing of the reference work off by ~25%, so a window's mean reading keeps a noise
+    # of about a third of the level's own swing: a plain least-squares slope on it comes out
+    # flatter; the even/odd fit does not
+    runs = [_steady_run(1.8, seed=k, reading_noise=0.25, steps=12000) for k in range(4)]
+    fit = cal.fit_level_exponent(runs, TRUE)
+    assert fit["plain_slope"] < 1.8 * 0.93
+    assert fit["exponent"] == pytest.approx(1.8, abs=0.15)
+    assert 0.5 < fit["reliability"] < 0.97
+    even, odd, pace = cal.reference_windows(runs[0], TRUE)
+    assert len(even) == len(odd) == len(pace) >= 8
+    # readings that are almost all noise keep the plain division
+    flat = [_steady_run(1.8, seed=k, reading_noise=0.6) for k in range(2)]
+    for r in flat:
+        r.info["reference_s"] = (1.5e-3 * np.exp(0.6 * np.random.default_rng(7).standard_normal(
+            len(r.info["reference_s"])))).tolist()
+    got = cal.fit_level_exponent(flat, TRUE)
+    assert got["exponent"] == 1.0 and got["reliability"] < 0.5
+
+
 def test_a_still_machine_or_a_short_run_keeps_the_plain_division():
     still = _steady_run(1.6)
-    still.info["step_levels"] = [1.0] * len(still.shapes)
+    still.info["reference_s"] = [1.5e-3] * len(still.info["reference_s"])
     assert cal.fit_level_exponent([still], TRUE)["exponent"] == 1.0
     short = _steady_run(1.6, steps=40)
     fit = cal.fit_level_exponent([short], TRUE)

@@ -42,7 +42,7 @@ from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
 from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_EVERY,  # noqa: F401
-                                 REFERENCE_WARM, fit_level_exponent, level_windows, reference_drift,
+                                 REFERENCE_WARM, fit_level_exponent, reference_drift, reference_windows,
                                  reference_work, relevel, step_levels, time_reference, window_slices)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
@@ -51,7 +51,7 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
            "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
-           "step_levels", "relevel", "window_slices", "level_windows", "fit_level_exponent", "fit_calibration", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
+           "step_levels", "relevel", "window_slices", "reference_windows", "fit_level_exponent", "fit_calibration", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -324,6 +324,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             "steps": len(shapes), "probe_s": probe_s, "clock": clock}
     if refs:
         info["reference_s"] = [round(x, 7) for x in refs]
+        info["reference_every"] = reference_every
     if clock == "steady":
         info["reference_base_s"] = reference_base
         info["levels"] = levels
