@@ -222,8 +222,9 @@ def calibration_md(c: dict) -> list:
              f"Engine runs measured at commit {at.get('git_commit')} (engine tree {at.get('engine_tree')}) on "
              f"{am.get('cpu')} ({am.get('logical_cpus')} logical CPUs, {am.get('date')}), one thread, each step "
              + ("timed by the CPU time its thread used, divided by the machine's level then (the *steady clock*: "
-                f"a fixed piece of work, one row through every weight matrix after {cal.REFERENCE_WARM} untimed "
-                f"passes, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
+                f"a fixed piece of work, a decode step of {cal.REFERENCE_ROWS} rows at {cal.REFERENCE_CONTEXT} "
+                f"cached tokens through the whole model on a cache of its own, after {cal.REFERENCE_WARM} untimed "
+                f"pass{'es' if cal.REFERENCE_WARM != 1 else ''}, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
                 f"{cal.LEVEL_WINDOW} timings over its time at the "
                 f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms"
                 + (f"; each step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
@@ -350,7 +351,8 @@ def calibration_md(c: dict) -> list:
     fit_speeds = [f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in fit
                   if r.get("speed_vs_calibration") is not None]
     if held and any(r.get("speed_vs_calibration") for r in held):
-        lines += ["", f"A fixed piece of work (one row through every weight matrix, timed every "
+        lines += ["", f"A fixed piece of work (a decode step of {cal.REFERENCE_ROWS} rows at {cal.REFERENCE_CONTEXT} "
+                  f"cached tokens through the whole model, on a cache of its own, timed every "
                   f"{cal.REFERENCE_EVERY} steps after untimed passes, off the engine's clock) took, over its "
                   "calibration time: "
                   + ", ".join(f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in held

@@ -41,7 +41,8 @@ from servelab.machine import git_commit
 from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
-from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_EVERY,  # noqa: F401
+from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_CONTEXT,  # noqa: F401
+                                 REFERENCE_EVERY, REFERENCE_ROWS,
                                  REFERENCE_WARM, fit_level_exponent, reference_drift, reference_windows,
                                  reference_work, relevel, step_levels, time_reference, window_slices)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
@@ -50,7 +51,7 @@ from servelab.workload import Exponential, LogNormal, Trace, percentile, synthet
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "REFERENCE_ROWS", "REFERENCE_CONTEXT", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
            "step_levels", "relevel", "window_slices", "reference_windows", "fit_level_exponent", "fit_calibration", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
@@ -165,8 +166,8 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     ``info["reference_base_s"]``). The run then reads as if the machine had
     held the speed it had when ``reference_base`` was measured; a calibration
     passes its own base to every run checked against it. ``level_exponent``: divide
-    by the level raised to this power (a calibration's :func:`fit_level_exponent`:
-    on the course's VM the steps slow about 1.5x as much as the reference work);
+    by the level raised to this power (a calibration's :func:`fit_level_exponent`;
+    near 1 with a decode step as the reference work);
     ``info["step_levels"]`` keeps the level each step was divided by, so
     :func:`relevel` can apply another power afterwards.
     Either way the garbage collector is off while timing (collected first).
@@ -174,8 +175,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     ``probe``: first time :func:`speed_probe` (the machine's speed right now,
     by the same clock), so a comparison can scale the step model to it.
     ``reference_every``: on the CPU and steady clocks, every that many steps also
-    time a fixed piece of work (:func:`reference_work`: one row through every
-    weight matrix, timed after ``REFERENCE_WARM`` untimed passes), off the
+    time a fixed piece of work (:func:`reference_work`: a small decode step
+    through the whole model on a cache of its own, timed after ``REFERENCE_WARM``
+    untimed passes), off the
     virtual clock;
     ``info["reference_s"]`` lists those times,
     so a run can show whether the machine's speed drifted while it ran

@@ -21,9 +21,8 @@ by default (:func:`~servelab.sim.calibrate.run_engine`): each step's CPU time
 divided by the machine's level, read every 10 steps from that fixed work against
 its time at the calibration's start (``meta["reference_base_s"]``); the check uses
 the calibration's base, so both read as if the machine had held one speed. The
-steps slow more than that work does (on the course's VM about 1.5x as much: a
-machine 10% slower by the work went with steps about 15% slower), so the
-calibration also fits that power (:func:`~servelab.sim.calibrate.fit_level_exponent`,
+work is a small decode step of its own, so the steps slow about as much as it does;
+the calibration still fits the power they follow (:func:`~servelab.sim.calibrate.fit_level_exponent`,
 ``meta["level_exponent"]``) and every check divides by the level raised to it.
 :func:`speed_windows` shows the wander a run keeps. The verdict is the simulator as
 calibrated (as the chapters use it). Two diagnostics sit beside it. ``relevel=True`` follows each

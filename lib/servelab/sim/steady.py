@@ -4,12 +4,12 @@ it the engine's steps follow.
 A shared virtual machine changes speed from second to second (neighbours it cannot see share
 its caches and memory), and even a step's CPU time follows. So on the steady clock
 (:func:`servelab.sim.calibrate.run_engine` with ``clock="steady"``) the engine times
-:func:`reference_work` every ``REFERENCE_EVERY`` steps; the median of the latest
-``LEVEL_WINDOW`` timings over its time at the calibration's start is the machine's *level*,
-and each step's CPU time is divided by the level raised to a power. The steps swing
-more than the fixed work does (on the course's VM a level 10% higher went with steps
-about 15% slower), so a calibration fits that power (:func:`fit_level_exponent`) and every check divides by it;
-:func:`relevel` applies another power to a run already measured.
+:func:`reference_work`, a small decode step of its own, every ``REFERENCE_EVERY`` steps;
+the median of the latest ``LEVEL_WINDOW`` timings over its time at the calibration's start
+is the machine's *level*, and each step's CPU time is divided by the level raised to a
+power. A calibration fits that power (:func:`fit_level_exponent`) and every check divides
+by it; with a decode step as the reference it comes out near 1 (the steps slow as much as
+the reference does); :func:`relevel` applies another power to a run already measured.
 
 Pure numpy (the reference work imports torch inside).
 """
@@ -21,15 +21,19 @@ from dataclasses import replace
 
 import numpy as np
 
-__all__ = ["REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+__all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
            "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows",
            "fit_level_exponent"]
 
-#: Untimed passes of the reference work before the timed one: right after a many-row step the
-#: work runs up to 1.35x slower for a few milliseconds (measured on the course's Xeon VM), after
-#: four passes within about 10% of its time after one-row steps, so it reads the machine, not
-#: the step before it.
-REFERENCE_WARM = 4
+#: The reference work's shape: a decode step of this many rows, each reading
+#: ``REFERENCE_CONTEXT`` cached tokens.
+REFERENCE_ROWS = 4
+REFERENCE_CONTEXT = 128
+
+#: Untimed passes of the reference work before the timed one, so it reads the machine and
+#: not the step before it (right after a many-row step a small piece of work runs slow for a
+#: few milliseconds; one pass of this one lasts about that long).
+REFERENCE_WARM = 1
 
 #: References whose median sets the steady clock's current level (the latest ones).
 LEVEL_WINDOW = 3
@@ -47,16 +51,29 @@ LEVEL_EXPONENT_RANGE = (0.5, 3.0)
 
 
 def reference_work(llm):
-    """A fixed piece of work shaped like a decode step: one row through every weight matrix of
-    the model (no attention, no engine state touched). Returns a function that does it once."""
+    """A fixed piece of work that is a decode step: ``REFERENCE_ROWS`` rows, each attending to
+    ``REFERENCE_CONTEXT`` cached tokens, through the whole model (embedding, every layer, the
+    output head), on a small cache of its own (no engine state touched). Returns a function
+    that does it once.
+
+    A real step's work, so the steps follow its time one for one: on the course's VM, one row
+    through the weight matrices alone (this function until December 2026) swung only half as
+    much as the steps did, and the power it had to be raised to wandered between
+    calibrations."""
     import torch
-    mats = [p.detach() for p in llm.model.parameters() if p.dim() == 2]
-    rows = [torch.ones(1, m.shape[1], dtype=m.dtype) for m in mats]
+
+    from servelab.model import KVCache
+    model = llm.model
+    cfg = model.config
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    cache = KVCache(cfg, batch_size=REFERENCE_ROWS, max_len=REFERENCE_CONTEXT + 1, dtype=dtype)
+    ids = torch.ones(REFERENCE_ROWS, 1, dtype=torch.long)
 
     def run():
         with torch.no_grad():
-            for x, m in zip(rows, mats):
-                torch.mm(x, m.t())
+            cache.crop(0)
+            cache.advance(REFERENCE_CONTEXT)  # as if the context were cached: the step reads it all
+            model(ids, cache=cache)
     run()
     return run
 
