@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
 #: Earlier checks sim.json keeps (each check's verdict, clock and runs): every check since the
 #: steady clock came in (and a couple before it), so the chapters can count how often the goal was met.
-HISTORY = 12
+HISTORY = 16
 #: Seconds of a run's steps per window of the within-run wander (sim.md): speed_windows' default.
 WINDOW_S = inspect.signature(check.speed_windows).parameters["window_s"].default
 
@@ -104,6 +104,18 @@ def _sensitivity(trace, model, factor: float = SENSITIVITY) -> float:
     return round(max(abs(b[k] / a[k] - 1) for k in cal.METRICS), 4)
 
 
+#: The steady clock's reference work before it was a decode step (checks that do not name theirs).
+OLD_REFERENCE = "one row through the weights"
+
+
+def reference_of(calibration: dict) -> str | None:
+    """The steady clock's reference work a check's calibration used (None off the steady clock)."""
+    meta = (calibration.get("model") or {}).get("meta", {})
+    if ((calibration.get("engine_measured_at") or {}).get("clock") or meta.get("clock")) != "steady":
+        return None
+    return meta.get("reference_work") or OLD_REFERENCE
+
+
 def _label_family(label: str) -> str:
     return label.rsplit(" #", 1)[0]
 
@@ -120,7 +132,8 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         durs = np.concatenate([r.durations for r in fit_runs])
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
                            if k in ("engine_fingerprint", "machine_key", "model", "calibration", "seconds",
-                                    "cpu_seconds", "load_average_1min", "clock", "reference_base_s")})
+                                    "cpu_seconds", "load_average_1min", "clock", "reference_base_s",
+                                    "reference_work")})
         model.meta["residuals_by_feature"] = residuals_by_feature(model, shapes, durs,
                                                                  decode_groups=check.run_groups(fit_runs))
     else:
@@ -372,6 +385,7 @@ def calibration_md(c: dict) -> list:
     for h in c.get("history") or []:
         lines += ["", f"An earlier check ({h['when']}, commit {h['git_commit']}, {h['what']}"
                   + (f", on the {h['clock']} clock" if h.get("clock") else "")
+                  + (f" (reference work: {h['reference']})" if h.get("reference") else "")
                   + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
                   + (f", {h['runs']} engine runs a family" if h.get("runs") else "")
                   + f"): worst held-out "
@@ -477,6 +491,7 @@ def main(argv=None) -> int:
                                "loads": _span(loads) if loads else "not recorded",
                                "clock": at.get("clock") or "cpu",
                                "level_exponent": (was.get("model") or {}).get("meta", {}).get("level_exponent"),
+                               "reference": reference_of(was),
                                "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \

@@ -145,3 +145,16 @@ def test_the_committed_calibration_records_its_power():
 def test_windows_close_when_their_time_is_reached_and_drop_a_short_tail():
     got = cal.window_slices([0.5, 0.6, 1.0, 0.2, 2.5, 0.1], 1.0)
     assert got == [slice(0, 2), slice(2, 3), slice(3, 5)]  # the last 0.1 s is no window
+
+
+def test_each_check_names_the_reference_work_its_clock_read():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_sim
+    steady = {"model": {"meta": {"clock": "steady"}}}
+    assert bench_sim.reference_of(steady) == bench_sim.OLD_REFERENCE  # checks from before it was named
+    steady["model"]["meta"]["reference_work"] = cal.REFERENCE_NAME
+    assert bench_sim.reference_of(steady) == cal.REFERENCE_NAME
+    assert bench_sim.reference_of({"model": {"meta": {"clock": "cpu"}}}) is None
+    assert str(cal.REFERENCE_ROWS) in cal.REFERENCE_NAME and str(cal.REFERENCE_CONTEXT) in cal.REFERENCE_NAME

@@ -42,16 +42,17 @@ from servelab.sim.core import ReplicaConfig, simulate
 from servelab.sim.metrics import SimResult
 from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
 from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_CONTEXT,  # noqa: F401
-                                 REFERENCE_EVERY, REFERENCE_ROWS,
-                                 REFERENCE_WARM, fit_level_exponent, reference_drift, reference_windows,
-                                 reference_work, relevel, step_levels, time_reference, window_slices)
+                                 REFERENCE_EVERY, REFERENCE_NAME, REFERENCE_ROWS,
+                                 REFERENCE_WARM, fit_level_exponent, fit_prompt_exponent, prompt_share,
+                                 reference_drift, reference_windows, reference_work, relevel, step_exponents,
+                                 step_levels, time_reference, window_slices)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
            "DEFAULT_STEP_MODEL", "load_step_model", "save_step_model", "calibration_workloads", "git_commit",
-           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "REFERENCE_ROWS", "REFERENCE_CONTEXT", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+           "probe_trace", "rate_for_busy", "reference_work", "time_reference", "REFERENCE_EVERY", "REFERENCE_WARM", "REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "LEVEL_WINDOW", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
            "step_levels", "relevel", "window_slices", "reference_windows", "fit_level_exponent", "fit_calibration", "reference_drift", "noise_band", "WORKLOADS", "CONFIGS", "speed_probe", "speed_factor", "reference_ratio",
            "long_prompt_interference", "profile_prompt_steps", "StepProfile"]
 
@@ -147,7 +148,8 @@ CLOCKS = ("cpu", "steady", "wall")
 def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=None, llm=None, seed: int = 0,
                label: str = "", warmup: int = 8, threads: int | None = 1, probe: bool = True,
                clock: str = "cpu", reference_every: int = REFERENCE_EVERY, reference_base: float | None = None,
-               level_exponent: float = 1.0) -> EngineRun:
+               level_exponent: float = 1.0, prompt_level_exponent: float | None = None,
+               share_model=None) -> EngineRun:
     """Serve ``trace`` with the real engine and time every step (see module doc).
 
     ``clock="cpu"`` (default): the engine's own steps and schedule, each step
@@ -167,7 +169,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     held the speed it had when ``reference_base`` was measured; a calibration
     passes its own base to every run checked against it. ``level_exponent``: divide
     by the level raised to this power (a calibration's :func:`fit_level_exponent`;
-    near 1 with a decode step as the reference work);
+    near 1 with a decode step as the reference work); with ``prompt_level_exponent`` and
+    ``share_model``, a step with prompt tokens is divided by a power moved toward that one
+    by its prompt work's share of its time (:func:`~servelab.sim.steady.step_exponents`);
     ``info["step_levels"]`` keeps the level each step was divided by, so
     :func:`relevel` can apply another power afterwards.
     Either way the garbage collector is off while timing (collected first).
@@ -193,9 +197,11 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                          "set reference_every >= 1")
     if reference_base is not None and not (math.isfinite(reference_base) and reference_base > 0):
         raise ValueError(f"reference_base must be positive seconds, got {reference_base!r}")
-    if isinstance(level_exponent, bool) or not isinstance(level_exponent, (int, float)) \
-            or not math.isfinite(level_exponent) or level_exponent <= 0:
-        raise ValueError(f"level_exponent must be a positive number, got {level_exponent!r}")
+    for name, x in (("level_exponent", level_exponent), ("prompt_level_exponent", prompt_level_exponent)):
+        if x is None and name == "prompt_level_exponent":
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+            raise ValueError(f"{name} must be a positive number, got {x!r}")
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config or ReplicaConfig()
@@ -233,6 +239,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
     shapes: list[StepShape] = []
     groups: list[int] = []  # decode groups per step (not on the wall clock)
     step_levels: list[float] = []  # the level each step was divided by (steady clock)
+    exps: list[float] = []  # the power of it, when it varies by step
 
     n = len(trace)
     arrival = trace.arrival_s.tolist()
@@ -258,10 +265,17 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                     vt = arrival[nxt]
                     continue
                 got = engine.step()
-                dt = (time.thread_time() - c0) / level ** level_exponent
+                cpu = time.thread_time() - c0
                 plan = plans[-1]
+                power = level_exponent
                 if not plan.is_empty:
                     shapes.append(plan_shape(plan))
+                    if prompt_level_exponent is not None and share_model is not None:
+                        power = float(step_exponents(shapes[-1:], level_exponent, prompt_level_exponent,
+                                                     share_model)[0])
+                        exps.append(round(power, 4))
+                dt = cpu / level ** power
+                if not plan.is_empty:
                     groups.append(decode_groups(plan, cfg.block_size))
                     step_levels.append(round(level, 5))
                     starts.append(vt)
@@ -332,6 +346,9 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
         info["levels"] = levels
         info["step_levels"] = step_levels
         info["level_exponent"] = float(level_exponent)
+        if exps:
+            info["prompt_level_exponent"] = float(prompt_level_exponent)
+            info["step_exponents"] = exps
     if groups:
         info["decode_groups"] = groups
     return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
@@ -339,22 +356,28 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
 
 def fit_calibration(runs, iterations: int = 3):
     """Fit a step model to calibration ``runs`` (:func:`fit_step_model`); on the steady clock
-    also fit the level exponent (:func:`fit_level_exponent`), relevel the runs by it and
-    refit, ``iterations`` times (the exponent is read against the model, the model fitted to
-    steps divided by the exponent's level; two rounds settle it to the third decimal).
-    Returns ``(model, runs)``, the runs as the model was fitted to them; the model's
-    ``meta["level_exponent"]`` is what checks divide by."""
+    also fit the powers of the level the steps follow: the decode steps' (:func:`fit_level_exponent`
+    over windows of decode steps) and the prompt work's (:func:`fit_prompt_exponent`), relevel
+    the runs by them and refit, ``iterations`` times (the powers are read against the model,
+    the model fitted to steps divided by the powers' levels). Returns ``(model, runs)``, the
+    runs as the model was fitted to them; the model's ``meta["level_exponent"]`` and
+    ``meta["prompt_level_exponent"]`` are what checks divide by."""
     runs = list(runs)
     model = fit_step_model(runs)
     if not runs or any(step_levels(r) is None for r in runs):
         return model, runs
-    fit = None
+    fit = prompt = None
     for _ in range(iterations):
-        fit = fit_level_exponent(runs, model)
-        runs = [relevel(r, fit["exponent"]) for r in runs]
+        fit = fit_level_exponent(runs, model, kind="decode")
+        if fit["r"] is None:  # too few decode steps for windows of their own: all steps
+            fit = fit_level_exponent(runs, model)
+        prompt = fit_prompt_exponent(runs, model, fit["exponent"])
+        runs = [relevel(r, fit["exponent"], prompt["exponent"], model) for r in runs]
         model = fit_step_model(runs)
     model.meta["level_exponent"] = fit["exponent"]
     model.meta["level_exponent_fit"] = fit
+    model.meta["prompt_level_exponent"] = prompt["exponent"]
+    model.meta["prompt_level_exponent_fit"] = prompt
     return model, runs
 
 

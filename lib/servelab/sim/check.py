@@ -54,7 +54,7 @@ from servelab.workload import Trace, percentile
 
 __all__ = ["speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
-           "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent"]
+           "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent", "model_prompt_exponent"]
 
 CACHE_ENV = "SERVELAB_CACHE"
 METRICS = cal.METRICS
@@ -111,7 +111,7 @@ def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", sa
         seconds=round(time.perf_counter() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         load_average_1min=round(os.getloadavg()[0], 2), clock=clock,
-        **({"reference_base_s": base} if base is not None else {}),
+        **({"reference_base_s": base, "reference_work": cal.REFERENCE_NAME} if base is not None else {}),
         residuals_by_feature=residuals_by_feature(model, shapes, durs, decode_groups=run_groups(runs)))
     return model, runs
 
@@ -306,9 +306,16 @@ def _reference_base(model, clock: str) -> float | None:
 
 
 def model_level_exponent(model) -> float:
-    """The power of the machine's level ``model``'s calibration divides steps by (its
+    """The power of the machine's level ``model``'s calibration divides decode steps by (its
     ``meta["level_exponent"]``; 1.0, the plain division, when not recorded)."""
     return float((getattr(model, "meta", {}) or {}).get("level_exponent", 1.0))
+
+
+def model_prompt_exponent(model) -> float | None:
+    """The power a step's prompt work follows in ``model``'s calibration (its
+    ``meta["prompt_level_exponent"]``; None, every step at the decode power, when not recorded)."""
+    x = (getattr(model, "meta", {}) or {}).get("prompt_level_exponent")
+    return None if x is None else float(x)
 
 
 def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, model_dir=None, clock: str | None = None,
@@ -324,13 +331,15 @@ def serve_once(trace: Trace, model, config: ReplicaConfig | None = None, *, mode
     base = _reference_base(model, clock)
     llm = cal.build_llm(config, model_dir)
     power = model_level_exponent(model) if clock == "steady" else 1.0
+    powers = {"level_exponent": power, "prompt_level_exponent": model_prompt_exponent(model) if clock == "steady"
+              else None, "share_model": model}
     run = cal.run_engine(trace, config, model_dir=model_dir, llm=llm, label=label, clock=clock, probe=False,
-                         reference_base=base, level_exponent=power)
+                         reference_base=base, **powers)
     run.info["load_average_1min"] = round(os.getloadavg()[0], 2)
     if relevel:
         probe = cal.run_engine(level_probe_trace(), config, llm=llm, seed=1000 + seed_offset,
                                label=f"level probe {label}", clock=clock, probe=False, reference_base=base,
-                               level_exponent=power)
+                               **powers)
         run.info["level"] = machine_level(probe, model)
     return run
 

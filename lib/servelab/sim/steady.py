@@ -21,14 +21,18 @@ from dataclasses import replace
 
 import numpy as np
 
-__all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
-           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows",
+__all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponents", "fit_prompt_exponent", "exponents_of", "MIN_KIND_STEPS",
            "fit_level_exponent"]
 
 #: The reference work's shape: a decode step of this many rows, each reading
 #: ``REFERENCE_CONTEXT`` cached tokens.
 REFERENCE_ROWS = 4
 REFERENCE_CONTEXT = 128
+
+#: What the reference work is, in a few words (kept in a calibration's meta; the steady
+#: clock's first reference, until December 2026, was "one row through the weights").
+REFERENCE_NAME = f"a decode step ({REFERENCE_ROWS} rows, {REFERENCE_CONTEXT} cached tokens)"
 
 #: Untimed passes of the reference work before the timed one, so it reads the machine and
 #: not the step before it (right after a many-row step a small piece of work runs slow for a
@@ -44,6 +48,9 @@ REFERENCE_EVERY = 10
 #: Windows of this many seconds (of a run's own steps) in which :func:`fit_level_exponent`
 #: compares the steps' pace with the machine's level.
 LEVEL_WINDOW_S = 2.0
+
+#: Steps of one kind a window needs for :func:`fit_level_exponent` to read that kind's pace in it.
+MIN_KIND_STEPS = 3
 
 #: The range :func:`fit_level_exponent` keeps its answer in (outside it the fit is taken to
 #: have read noise, not the machine).
@@ -118,17 +125,62 @@ def step_levels(run) -> np.ndarray | None:
     return np.asarray(levels, dtype=float)[j]
 
 
-def relevel(run, level_exponent: float):
-    """``run`` with every step's time divided by its level to the power ``level_exponent``
-    instead of the power it ran with (steady clock only). Only the step times change: the
-    schedule and the latencies stay those of the clock it ran on, which is all a fit of
-    step times needs."""
+def is_prompt_step(shape) -> bool:
+    """A step with prompt tokens (the step model's prompt line), as against a decode-only step."""
+    return bool(shape.prefill_tokens)
+
+
+def prompt_share(model, shape) -> float:
+    """The share of ``shape``'s predicted time that its prompt tokens' own work takes (per
+    prompt token and per attention pair, on ``model``'s prompt line): 0 for a decode-only step,
+    near 1 for a long prompt alone. 0 for a model without a prompt line."""
+    if not shape.prefill_tokens:
+        return 0.0
+    line = getattr(model, "prefill", None) or getattr(getattr(model, "base", None), "prefill", None)
+    if line is None:
+        return 0.0
+    t = line.step_s(shape)
+    work = line.b_prefill * shape.prefill_tokens + line.e_pairs * shape.prefill_pairs
+    return float(min(1.0, max(0.0, work / t))) if t > 0 else 0.0
+
+
+def step_exponents(shapes, level_exponent: float, prompt_level_exponent: float | None = None,
+                   model=None) -> np.ndarray:
+    """The power of the level each step is divided by: ``level_exponent``, moved toward
+    ``prompt_level_exponent`` by the step's :func:`prompt_share` on ``model`` (a long prompt's
+    step is compute-bound and swings less than a decode step). Without a prompt exponent or
+    a model, ``level_exponent`` for every step."""
+    if prompt_level_exponent is None or model is None:
+        return np.full(len(shapes), float(level_exponent))
+    d = float(prompt_level_exponent) - float(level_exponent)
+    return np.array([level_exponent + d * prompt_share(model, s) for s in shapes], dtype=float)
+
+
+def exponents_of(run) -> np.ndarray:
+    """The power of the level each of ``run``'s steps was divided by (its
+    ``info["step_exponents"]``, else its one ``info["level_exponent"]``, else 1.0)."""
+    info = run.info or {}
+    if info.get("step_exponents") is not None:
+        return np.asarray(info["step_exponents"], dtype=float)
+    return np.full(len(run.shapes), float(info.get("level_exponent", 1.0)))
+
+
+def relevel(run, level_exponent: float, prompt_level_exponent: float | None = None, model=None):
+    """``run`` with every step's time divided by its level to the powers of
+    :func:`step_exponents` instead of the powers it ran with (steady clock only). Only the step
+    times change: the schedule and the latencies stay those of the clock it ran on, which is
+    all a fit of step times needs."""
     lev = step_levels(run)
     if lev is None:
         raise ValueError(f"run {run.label!r} is not on the steady clock: it has no levels to relevel by")
-    old = float(run.info.get("level_exponent", 1.0))
-    info = dict(run.info, level_exponent=float(level_exponent))
-    return replace(run, durations=run.durations * lev ** (old - level_exponent), info=info)
+    old = exponents_of(run)
+    new = step_exponents(run.shapes, level_exponent, prompt_level_exponent, model)
+    info = dict(run.info, level_exponent=float(level_exponent), step_exponents=np.round(new, 4).tolist())
+    if prompt_level_exponent is not None and model is not None:
+        info["prompt_level_exponent"] = float(prompt_level_exponent)
+    else:
+        info.pop("prompt_level_exponent", None)
+    return replace(run, durations=run.durations * lev ** (old - new), info=info)
 
 
 def window_slices(durations, window_s: float) -> list[slice]:
@@ -143,14 +195,19 @@ def window_slices(durations, window_s: float) -> list[slice]:
     return out
 
 
-def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S,
+                      kind: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(even, odd, log pace)`` per window of about ``window_s`` seconds of ``run``'s steps:
     the mean log time of the reference work over the timings taken in the window, from its
     even and its odd timings apart (two readings of the machine's level whose noises are
     independent), and the steps' CPU time before any division (level to the power the run
     used, times its time) over ``model``'s prediction. A window needs four timings (the
     reference is timed after every ``info["reference_every"]`` steps, default
-    ``REFERENCE_EVERY``). Empty arrays when the run has no timings or no levels."""
+    ``REFERENCE_EVERY``). ``kind``: "decode" or "prompt" to read only that kind of step's pace
+    (at least ``MIN_KIND_STEPS`` of them in a window). Empty arrays when the run has no
+    timings or no levels."""
+    if kind not in (None, "decode", "prompt"):
+        raise ValueError(f"kind must be None, 'decode' or 'prompt', got {kind!r}")
     refs = (run.info or {}).get("reference_s")
     lev = step_levels(run)
     empty = np.zeros(0), np.zeros(0), np.zeros(0)
@@ -159,20 +216,25 @@ def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S) -> tuple[np.
     every = int(run.info.get("reference_every", REFERENCE_EVERY))
     after = (np.arange(len(refs)) + 1) * every - 1  # the step each timing followed
     log_ref = np.log(np.asarray(refs, dtype=float))
-    raw = run.durations * lev ** float(run.info.get("level_exponent", 1.0))
+    raw = run.durations * lev ** exponents_of(run)
     pred = np.array([model.step_s(s) for s in run.shapes])
+    prompt = np.array([is_prompt_step(s) for s in run.shapes], dtype=bool)
+    keep = np.ones(len(prompt), bool) if kind is None else (prompt if kind == "prompt" else ~prompt)
+    need = 1 if kind is None else MIN_KIND_STEPS
     even, odd, pace = [], [], []
     for w in window_slices(run.durations, window_s):
         q = log_ref[(after >= w.start) & (after < w.stop)]
-        p = pred[w].sum()
-        if len(q) >= 4 and p > 0:
+        m = keep[w]
+        p = pred[w][m].sum()
+        if len(q) >= 4 and m.sum() >= need and p > 0:
             even.append(q[0::2].mean())
             odd.append(q[1::2].mean())
-            pace.append(math.log(float(raw[w].sum() / p)))
+            pace.append(math.log(float(raw[w][m].sum() / p)))
     return np.array(even), np.array(odd), np.array(pace)
 
 
-def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_windows: int = 8) -> dict:
+def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_windows: int = 8,
+                       kind: str | None = None) -> dict:
     """How much the engine's steps slow when the reference work slows by a factor: the slope
     of log(step CPU time / ``model``'s prediction) on log(reference time) over windows of
     about ``window_s`` seconds, within each run (each run's own mean taken out, so a model's
@@ -189,7 +251,7 @@ def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_window
     The exponent is 1.0 (the steady clock's plain division) when there are fewer than
     ``min_windows`` windows, the level barely moved (sd under 1%) or the readings are mostly
     noise (reliability under 0.5), and is kept within ``LEVEL_EXPONENT_RANGE``."""
-    parts = [reference_windows(run, model, window_s) for run in runs]
+    parts = [reference_windows(run, model, window_s, kind) for run in runs]
     parts = [[v - v.mean() for v in part] for part in parts if len(part[2]) >= 2]
     even, odd, pace = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(3))
     level = (even + odd) / 2
@@ -206,3 +268,44 @@ def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_window
     slope = float((level * pace).sum()) / shared
     lo, hi = LEVEL_EXPONENT_RANGE
     return dict(out, exponent=round(min(hi, max(lo, slope)), 3))
+
+
+def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30) -> dict:
+    """The power of the level a step's prompt work follows (:func:`step_exponents`), given
+    the decode steps' ``level_exponent``: over the steps with prompt tokens, the slope of
+    log(step CPU time / ``model``'s prediction), less the decode part's ``level_exponent`` x
+    (1 - share) x log level, on share x log level, within each run (each run's mean taken
+    out). Step by step, not in windows: prompt steps are too few for windows of their own,
+    and a step's level (a median of three timings of a decode step) is read closely enough
+    for one step. Returns ``{"exponent", "steps", "r"}``; the exponent is ``level_exponent``
+    (no correction) with fewer than ``min_steps`` steps or no spread, and is kept within
+    ``LEVEL_EXPONENT_RANGE`` (its lower end lowered to 0.1)."""
+    xs, ys = [], []
+    for run in runs:
+        lev = step_levels(run)
+        if lev is None or len(lev) != len(run.shapes):
+            continue
+        loglev = np.log(lev)
+        raw = np.log(run.durations) + exponents_of(run) * loglev
+        x, y = [], []
+        for i, s in enumerate(run.shapes):
+            if not s.prefill_tokens:
+                continue
+            share = prompt_share(model, s)
+            p = model.step_s(s)
+            if p <= 0 or share <= 0:
+                continue
+            x.append(share * loglev[i])
+            y.append(raw[i] - math.log(p) - level_exponent * (1 - share) * loglev[i])
+        if len(x) >= 3:
+            x, y = np.array(x), np.array(y)
+            xs.append(x - x.mean())
+            ys.append(y - y.mean())
+    x = np.concatenate(xs) if xs else np.zeros(0)
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    out = {"steps": int(len(x))}
+    if len(x) < min_steps or x.std() < 1e-3:
+        return dict(out, exponent=float(level_exponent), r=None)
+    slope = float((x * y).sum() / (x * x).sum())
+    hi = LEVEL_EXPONENT_RANGE[1]
+    return dict(out, exponent=round(min(hi, max(0.1, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))
