@@ -201,7 +201,9 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
            "repeats": repeats, "goal": {"worst": GOAL_WORST, "median": GOAL_MEDIAN}}
     if held_runs and all(cal.step_levels(r) is not None for r in held_runs):
         # the same slope read from the held-out runs' own windows: does the calibration's power carry over?
-        res["held_out_level_exponent"] = cal.fit_level_exponent(held_runs, model)
+        res["held_out_level_exponent"] = cal.fit_level_exponent(held_runs, model, kind="decode")
+        res["held_out_prompt_exponent"] = cal.fit_prompt_exponent(
+            held_runs, model, res["held_out_level_exponent"]["exponent"])
     errs = [abs(r[f"error_{k}"]) for r in rows if r["set"] == "held-out" for k in cal.METRICS]
     if errs:
         res["held_out_worst"] = round(max(errs), 4)
@@ -240,8 +242,8 @@ def calibration_md(c: dict) -> list:
                 f"pass{'es' if cal.REFERENCE_WARM != 1 else ''}, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
                 f"{cal.LEVEL_WINDOW} timings over its time at the "
                 f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms"
-                + (f"; each step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
-                   "faster than that work the steps slowed within the calibration's own runs "
+                + (f"; each decode step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
+                   "the decode steps slowed with that work within the calibration's own runs "
                    f"(slope over {meta['level_exponent_fit']['windows']} windows of "
                    f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']}"
                    + (f"; each window read twice, from its even and its odd timings, so one timing's noise "
@@ -251,6 +253,12 @@ def calibration_md(c: dict) -> list:
                    + (f"; the held-out runs' own windows gave {c['held_out_level_exponent']['exponent']:.2f}"
                       if (c.get("held_out_level_exponent") or {}).get("r") is not None else "") + ")"
                    if meta.get("level_exponent_fit", {}).get("r") is not None else "")
+                + (f"; a step with prompt tokens by a power moved from that toward "
+                   f"{meta['prompt_level_exponent']:.2f} by its prompt work's share of its predicted time (the "
+                   f"prompt work's power, fitted step by step over {meta['prompt_level_exponent_fit']['steps']:,} "
+                   f"prompt steps, correlation {meta['prompt_level_exponent_fit']['r']}: compute-bound prompt "
+                   "work slows less than decode steps when the machine slows)"
+                   if (meta.get("prompt_level_exponent_fit") or {}).get("r") is not None else "")
                 + "), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "
                 "machine's own speed is divided out). Load average"
@@ -387,6 +395,7 @@ def calibration_md(c: dict) -> list:
                   + (f", on the {h['clock']} clock" if h.get("clock") else "")
                   + (f" (reference work: {h['reference']})" if h.get("reference") else "")
                   + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
+                  + (f" (prompt work {h['prompt_level_exponent']:.2f})" if h.get("prompt_level_exponent") else "")
                   + (f", {h['runs']} engine runs a family" if h.get("runs") else "")
                   + f"): worst held-out "
                   f"error {h['worst']:.1%}, median {h['median']:.1%}"
@@ -491,6 +500,8 @@ def main(argv=None) -> int:
                                "loads": _span(loads) if loads else "not recorded",
                                "clock": at.get("clock") or "cpu",
                                "level_exponent": (was.get("model") or {}).get("meta", {}).get("level_exponent"),
+                               "prompt_level_exponent": (was.get("model") or {}).get("meta", {}).get(
+                                   "prompt_level_exponent"),
                                "reference": reference_of(was),
                                "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"

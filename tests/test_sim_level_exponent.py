@@ -140,6 +140,10 @@ def test_the_committed_calibration_records_its_power():
     lo, hi = cal.LEVEL_EXPONENT_RANGE
     assert lo <= meta["level_exponent"] <= hi
     assert meta["level_exponent_fit"]["exponent"] == meta["level_exponent"]
+    # the prompt work's own power, and the reference work the level was read from
+    assert 0.1 <= meta["prompt_level_exponent"] <= hi
+    assert meta["prompt_level_exponent_fit"]["exponent"] == meta["prompt_level_exponent"]
+    assert meta["reference_work"] == cal.REFERENCE_NAME
 
 
 def test_windows_close_when_their_time_is_reached_and_drop_a_short_tail():
@@ -158,3 +162,39 @@ def test_each_check_names_the_reference_work_its_clock_read():
     assert bench_sim.reference_of(steady) == cal.REFERENCE_NAME
     assert bench_sim.reference_of({"model": {"meta": {"clock": "cpu"}}}) is None
     assert str(cal.REFERENCE_ROWS) in cal.REFERENCE_NAME and str(cal.REFERENCE_CONTEXT) in cal.REFERENCE_NAME
+
+
+def test_prompt_work_gets_its_own_power_by_its_share_of_the_step():
+    from servelab.sim.step_model import KindStepModel
+    true = KindStepModel(LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-7),
+                         LinearStepModel(a=0.004, b_prefill=1.5e-4, e_pairs=2e-8, c_decode=2e-4))
+    runs = []
+    for k in range(3):
+        rng = np.random.default_rng(k)
+        shapes = []
+        for i in range(4000):
+            if rng.random() < 0.15:
+                p = int(rng.choice([16, 64, 256, 512]))
+                shapes.append(StepShape(p, int(rng.integers(0, 8)), 800, p * (p + 1) / 2, 1, 0))
+            else:
+                r = int(rng.choice([1, 2, 4, 8, 16]))
+                shapes.append(StepShape(0, r, r * 200))
+        t = np.arange(len(shapes))
+        level = np.round(np.exp(0.2 * np.sin(t / 300.0 + k)), 5)
+        power = cal.step_exponents(shapes, 0.9, 0.4, true)
+        durations = np.array([true.step_s(s) for s in shapes]) * level ** power / level  # divided at power 1
+        refs = 5e-3 * level[np.arange(9, len(shapes), 10)]
+        info = {"clock": "steady", "step_levels": level.tolist(), "level_exponent": 1.0,
+                "reference_s": refs.tolist()}
+        z = np.zeros(0)
+        runs.append(cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, f"r{k}", info))
+    share = [cal.prompt_share(true, s) for s in runs[0].shapes]
+    assert min(share) == 0.0 and 0.8 < max(share) < 1.0  # decode steps none; a long prompt most
+    model, fitted = cal.fit_calibration(runs)
+    assert model.meta["level_exponent"] == pytest.approx(0.9, abs=0.05)
+    assert model.meta["prompt_level_exponent"] == pytest.approx(0.4, abs=0.1)
+    # relevelled by the fitted powers, the wander is gone: steps are the true model's again
+    s = StepShape(512, 2, 800, 512 * 513 / 2, 1, 0)
+    assert model.step_s(s) == pytest.approx(true.step_s(s), rel=0.05)
+    with pytest.raises(ValueError, match="prompt_level_exponent must be a positive number"):
+        cal.run_engine(None, clock="steady", prompt_level_exponent=-1.0)

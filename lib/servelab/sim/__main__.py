@@ -63,10 +63,12 @@ def cmd_check(a) -> int:
     for why in check.stale_reasons(model, a.model):
         print(f"warning: this step model is not a calibration of this engine and machine: {why}")
     clock = a.clock or check.model_clock(model)
-    power = check.model_level_exponent(model)
-    print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level to the power {power:g}, "
-                               f"the level read every {calibrate.REFERENCE_EVERY} steps from a fixed piece of "
-                               f"work against the calibration's)" if clock == "steady" else ""))
+    power, prompt = check.model_level_exponent(model), check.model_prompt_exponent(model)
+    print(f"clock: {clock}" + (f" (each step's CPU time over the machine's level to the power {power:g}"
+                               + (f", moving toward {prompt:g} with the step's share of prompt work"
+                                  if prompt is not None else "")
+                               + f"; the level read every {calibrate.REFERENCE_EVERY} steps from "
+                               f"{calibrate.REFERENCE_NAME} against the calibration's)" if clock == "steady" else ""))
     res = check.check_trace(trace, model, _config(a), repeats=a.repeats, model_dir=a.model, clock=clock,
                             label=str(a.trace), say=print, relevel=a.relevel)
     if a.save_run:
