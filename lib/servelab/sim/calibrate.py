@@ -44,7 +44,7 @@ from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
 from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_CONTEXT,  # noqa: F401
                                  REFERENCE_EVERY, REFERENCE_NAME, REFERENCE_ROWS,
                                  REFERENCE_WARM, fit_level_exponent, fit_prompt_exponent, prompt_share,
-                                 reference_drift, reference_windows, reference_work, relevel, step_exponents,
+                                 reference_drift, reference_windows, reference_work, relevel, step_exponent, step_exponents,
                                  step_levels, time_reference, window_slices)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
                                      fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
@@ -271,8 +271,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
                 if not plan.is_empty:
                     shapes.append(plan_shape(plan))
                     if prompt_level_exponent is not None and share_model is not None:
-                        power = float(step_exponents(shapes[-1:], level_exponent, prompt_level_exponent,
-                                                     share_model)[0])
+                        power = step_exponent(shapes[-1], level_exponent, prompt_level_exponent, share_model)
                         exps.append(round(power, 4))
                 dt = cpu / level ** power
                 if not plan.is_empty:

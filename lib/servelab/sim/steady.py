@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 __all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
-           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponents", "fit_prompt_exponent", "exponents_of", "MIN_KIND_STEPS",
+           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponent", "step_exponents", "fit_prompt_exponent", "exponents_of", "MIN_KIND_STEPS",
            "fit_level_exponent"]
 
 #: The reference work's shape: a decode step of this many rows, each reading
@@ -63,10 +63,11 @@ def reference_work(llm):
     output head), on a small cache of its own (no engine state touched). Returns a function
     that does it once.
 
-    A real step's work, so the steps follow its time one for one: on the course's VM, one row
-    through the weight matrices alone (this function until December 2026) swung only half as
-    much as the steps did, and the power it had to be raised to wandered between
-    calibrations."""
+    A real step's work, so decode steps follow its time nearly one for one (the decode powers
+    of the calibrations since, in ``benchmarks/results/sim.json``'s history, 0.82-0.96). One row
+    through the weight matrices alone (this function until December 2026) swung less than the
+    steps did, and the power fitted to it wandered from 1.09 to 1.80 between calibrations
+    (the same history)."""
     import torch
 
     from servelab.model import KVCache
@@ -144,16 +145,22 @@ def prompt_share(model, shape) -> float:
     return float(min(1.0, max(0.0, work / t))) if t > 0 else 0.0
 
 
-def step_exponents(shapes, level_exponent: float, prompt_level_exponent: float | None = None,
-                   model=None) -> np.ndarray:
-    """The power of the level each step is divided by: ``level_exponent``, moved toward
+def step_exponent(shape, level_exponent: float, prompt_level_exponent: float | None = None,
+                  model=None) -> float:
+    """The power of the level one step is divided by: ``level_exponent``, moved toward
     ``prompt_level_exponent`` by the step's :func:`prompt_share` on ``model`` (a long prompt's
     step is compute-bound and swings less than a decode step). Without a prompt exponent or
-    a model, ``level_exponent`` for every step."""
+    a model, ``level_exponent``."""
     if prompt_level_exponent is None or model is None:
-        return np.full(len(shapes), float(level_exponent))
-    d = float(prompt_level_exponent) - float(level_exponent)
-    return np.array([level_exponent + d * prompt_share(model, s) for s in shapes], dtype=float)
+        return float(level_exponent)
+    return float(level_exponent + (prompt_level_exponent - level_exponent) * prompt_share(model, shape))
+
+
+def step_exponents(shapes, level_exponent: float, prompt_level_exponent: float | None = None,
+                   model=None) -> np.ndarray:
+    """:func:`step_exponent` of every step in ``shapes``."""
+    return np.array([step_exponent(s, level_exponent, prompt_level_exponent, model) for s in shapes],
+                    dtype=float)
 
 
 def exponents_of(run) -> np.ndarray:
@@ -203,11 +210,11 @@ def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S,
     independent), and the steps' CPU time before any division (level to the power the run
     used, times its time) over ``model``'s prediction. A window needs four timings (the
     reference is timed after every ``info["reference_every"]`` steps, default
-    ``REFERENCE_EVERY``). ``kind``: "decode" or "prompt" to read only that kind of step's pace
-    (at least ``MIN_KIND_STEPS`` of them in a window). Empty arrays when the run has no
-    timings or no levels."""
-    if kind not in (None, "decode", "prompt"):
-        raise ValueError(f"kind must be None, 'decode' or 'prompt', got {kind!r}")
+    ``REFERENCE_EVERY``). ``kind="decode"``: read only the decode-only steps' pace (at least
+    ``MIN_KIND_STEPS`` of them in a window; prompt work has its own fit,
+    :func:`fit_prompt_exponent`). Empty arrays when the run has no timings or no levels."""
+    if kind not in (None, "decode"):
+        raise ValueError(f"kind must be None or 'decode', got {kind!r}")
     refs = (run.info or {}).get("reference_s")
     lev = step_levels(run)
     empty = np.zeros(0), np.zeros(0), np.zeros(0)
@@ -218,8 +225,7 @@ def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S,
     log_ref = np.log(np.asarray(refs, dtype=float))
     raw = run.durations * lev ** exponents_of(run)
     pred = np.array([model.step_s(s) for s in run.shapes])
-    prompt = np.array([is_prompt_step(s) for s in run.shapes], dtype=bool)
-    keep = np.ones(len(prompt), bool) if kind is None else (prompt if kind == "prompt" else ~prompt)
+    keep = np.array([kind is None or not is_prompt_step(s) for s in run.shapes], dtype=bool)
     need = 1 if kind is None else MIN_KIND_STEPS
     even, odd, pace = [], [], []
     for w in window_slices(run.durations, window_s):
