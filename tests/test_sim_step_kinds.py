@@ -43,7 +43,40 @@ def test_fit_recovers_a_model_of_that_form():
     for s in shapes[:50]:
         assert m.step_s(s) == pytest.approx(TRUE.step_s(s), rel=1e-6)
     assert set(m.meta["kinds"]) == {"decode", "prefill", "mixed"}
-    assert m.prefill.bin_on == "decode_rows" and m.prefill.bin_edges == (1,)
+    assert m.prefill.bin_on == "decode_rows" and m.prefill.bin_edges[0] == 1
+
+
+def _mixed_shapes(n=900, seed=3):
+    """Prompt steps alone and with 1-32 decode rows (a queue for seats fills every seat)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        R = int(rng.integers(0, 33)) if rng.random() < 0.8 else 0
+        K = int(R * rng.integers(10, 200))
+        P = int(rng.integers(8, 400))
+        start = int(rng.integers(0, 300))
+        chunks = int(rng.integers(1, 4))
+        out.append(StepShape(P, R, K, P * start + P * (P + 1) / 2, chunks, start + P))
+    return out
+
+
+def test_mixed_steps_price_decode_rows_by_bins():
+    """Decode rows cost a mixed step less per row as they grow (as in a decode step): with one
+    slope per row the fit misprices a step of many rows and a short prompt; the row bins of
+    the prompt line find it."""
+    concave = LinearStepModel(a=0.003, b_prefill=1.4e-4, e_pairs=2e-7, c_decode=3e-4, d_context=1e-6,
+                              bin_edges=(1, 9, 17, 25), bin_costs=(0.0025, -0.0005, -0.0015, -0.002),
+                              bin_on="decode_rows")
+    truth = KindStepModel(TRUE_DECODE, concave)
+    shapes = _shapes() + _mixed_shapes()
+    y = np.array([truth.step_s(s) for s in shapes])
+    probe = StepShape(64, 30, 30 * 100, 64 * 65 / 2, 1, 64)
+    m = fit_by_kind(shapes, y, decode_bins=(2, 4))
+    assert {1, 9, 17, 25} <= set(m.prefill.bin_edges)
+    assert m.step_s(probe) == pytest.approx(truth.step_s(probe), rel=0.01)
+    one_slope = fit_by_kind(shapes, y, decode_bins=(2, 4), prompt_row_bins=())
+    assert one_slope.prefill.bin_edges == (1,)
+    assert abs(one_slope.step_s(probe) / truth.step_s(probe) - 1) > 0.03
 
 
 def test_noisy_fit_reports_residuals_by_kind():
