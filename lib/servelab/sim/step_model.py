@@ -659,16 +659,12 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
                 prompt_row_bins: tuple = (1, 5, 9, 17, 25)) -> KindStepModel:
     """Fit a :class:`KindStepModel` by least squares (slopes >= 0, row offsets of any sign).
 
-    Pure decode steps fit ``a + c*rows + d*context`` plus an offset per row-count
-    bin (``decode_bins``; a bin with fewer than ``min_bin_steps`` steps is merged
-    into the one below). Steps with prompt tokens fit ``a + b*prompt tokens +
-    e*attention pairs + f*prompt chunks + c*decode rows + d*context``, plus an
-    offset when any decode rows share the step (fitted when there are at least
-    ``min_bin_steps`` such steps) and one per further bin of decode rows
-    (``prompt_row_bins``, each kept when it holds ``min_bin_steps`` steps). Decode rows cost
-    a mixed step what they cost a decode step: not in proportion to their count. With one
-    slope per row, one calibration of the course's VM priced its mixed steps of 24-32 rows
-    and a short prompt 11% too slow, the shape a queue for seats runs on.
+    Pure decode steps fit ``a + c*rows + d*context`` plus an offset per row-count bin
+    (``decode_bins``; a bin with fewer than ``min_bin_steps`` steps is merged into the one
+    below). Steps with prompt tokens fit ``a + b*prompt tokens + e*attention pairs + f*prompt
+    chunks + c*decode rows + d*context``, plus an offset per band of decode rows sharing the
+    step (``prompt_row_bins``, likewise): one slope per row priced a calibration's mixed steps
+    of 24-32 rows and a short prompt 11% slow, the shape a queue for seats runs on.
 
     The decode line minimises squared seconds (its steps add up to the measured time). The
     prompt line weighs each step's *relative* error alike (``prompt_weighting``), then is
@@ -701,17 +697,15 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
             bins = bins[:-1]
     pshapes = [s for s, d in zip(shapes, dec) if not d]
     mixed = sum(1 for s in pshapes if s.decode_rows)
-    # a step with prompt tokens pays once for having decode rows at all (their own attention pass),
-    # and, like a decode step, not in proportion to how many (the row bins)
-    pbins = ()
-    if min_bin_steps <= mixed < len(pshapes):
-        more = sorted(int(b) for b in prompt_row_bins if int(b) > 1)
-        pbins = (1,) + filled_bins([s.decode_rows for s in pshapes], more, min_bin_steps)
-    prefill = None
-    while prefill is None:
+    # a step with prompt tokens pays once for having decode rows at all, then by bands of rows
+    more = sorted(int(b) for b in prompt_row_bins if int(b) > 1)
+    pbins = ((1,) + filled_bins([s.decode_rows for s in pshapes], more, min_bin_steps)
+             if min_bin_steps <= mixed < len(pshapes) else ())
+    while True:
         try:
             prefill = fit_linear(pshapes, y[~dec], features=PREFILL_FEATURES, bins=pbins, bin_on="decode_rows",
                                  weighting=prompt_weighting)
+            break
         except ValueError:
             if len(pbins) <= 1:
                 raise
