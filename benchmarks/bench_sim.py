@@ -226,6 +226,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
+def _prompt_how(fit: dict) -> str:
+    """How the prompt power was read, in words (fits before "how" was recorded were step by step)."""
+    if fit.get("how") == "between runs":
+        return "between the rounds of each piece (the level each round ran at on the whole)"
+    return "step by step within runs"
+
+
 def calibration_md(c: dict) -> list:
     at = c.get("engine_measured_at") or {}
     am = at.get("machine") or {}
@@ -255,9 +262,12 @@ def calibration_md(c: dict) -> list:
                    if meta.get("level_exponent_fit", {}).get("r") is not None else "")
                 + (f"; a step with prompt tokens by a power moved from that toward "
                    f"{meta['prompt_level_exponent']:.2f} by its prompt work's share of its predicted time (the "
-                   f"prompt work's power, fitted step by step over {meta['prompt_level_exponent_fit']['steps']:,} "
-                   f"prompt steps, correlation {meta['prompt_level_exponent_fit']['r']}: compute-bound prompt "
-                   "work slows less than decode steps when the machine slows)"
+                   f"prompt work's power, fitted {_prompt_how(meta['prompt_level_exponent_fit'])} over "
+                   f"{meta['prompt_level_exponent_fit']['steps']:,} prompt steps, correlation "
+                   f"{meta['prompt_level_exponent_fit']['r']}"
+                   + (f"; the held-out runs' own: {c['held_out_prompt_exponent']['exponent']:.2f}"
+                      if (c.get("held_out_prompt_exponent") or {}).get("r") is not None else "")
+                   + ": compute-bound prompt work slows less than decode steps when the machine slows)"
                    if (meta.get("prompt_level_exponent_fit") or {}).get("r") is not None else "")
                 + "), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "

@@ -198,3 +198,37 @@ def test_prompt_work_gets_its_own_power_by_its_share_of_the_step():
     assert model.step_s(s) == pytest.approx(true.step_s(s), rel=0.05)
     with pytest.raises(ValueError, match="prompt_level_exponent must be a positive number"):
         cal.run_engine(None, clock="steady", prompt_level_exponent=-1.0)
+
+
+def test_prompt_power_is_read_between_rounds_of_a_piece():
+    """Each step's level is a noisy, lagging reading, so a step-by-step slope of prompt work on
+    it comes out flat; two rounds of each piece, run when the machine stood at other levels,
+    read the power from the runs' levels on the whole."""
+    from servelab.sim.step_model import KindStepModel
+    true = KindStepModel(LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-7),
+                         LinearStepModel(a=0.004, b_prefill=1.5e-4, e_pairs=2e-8, c_decode=2e-4))
+    runs = []
+    for k, (piece, mean_level) in enumerate([("sweep", 0.7), ("chunked", 0.8), ("sweep (2)", 1.1),
+                                             ("chunked (2)", 1.0), ("mix", 0.9), ("mix (2)", 1.3)]):
+        rng = np.random.default_rng(k)
+        shapes = []
+        for i in range(3000):
+            if rng.random() < 0.2:
+                p = int(rng.choice([16, 64, 256, 512]))
+                shapes.append(StepShape(p, int(rng.integers(0, 8)), 800, p * (p + 1) / 2, 1, 0))
+            else:
+                r = int(rng.choice([1, 2, 4, 8, 16]))
+                shapes.append(StepShape(0, r, r * 200))
+        t = np.arange(len(shapes))
+        level = mean_level * np.exp(0.1 * np.sin(t / 200.0 + k))
+        reading = level * np.exp(0.15 * rng.standard_normal(len(shapes)))  # each step's noisy level
+        power = cal.step_exponents(shapes, 0.9, 0.5, true)
+        durations = np.array([true.step_s(s) for s in shapes]) * level ** power / reading
+        info = {"clock": "steady", "step_levels": reading.tolist(), "level_exponent": 1.0}
+        z = np.zeros(0)
+        runs.append(cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, piece, info))
+    assert cal.piece_of("sweep (2)") == "sweep" and cal.piece_of("bursts #3") == "bursts"
+    fit = cal.fit_prompt_exponent(runs, true, 0.9)
+    assert fit["how"] == "between runs" and fit["exponent"] == pytest.approx(0.5, abs=0.08)
+    within = cal.fit_prompt_exponent([r for r in runs if "(2)" not in r.label], true, 0.9)
+    assert within["how"] == "within runs" and within["exponent"] < 0.4  # flattened by the readings' noise

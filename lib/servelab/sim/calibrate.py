@@ -43,7 +43,7 @@ from servelab.sim.metrics import SimResult
 from servelab.sim.replay import decode_groups, plan_shape, trace_prompts
 from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDOW_S, REFERENCE_CONTEXT,  # noqa: F401
                                  REFERENCE_EVERY, REFERENCE_NAME, REFERENCE_ROWS,
-                                 REFERENCE_WARM, fit_level_exponent, fit_prompt_exponent, prompt_share,
+                                 REFERENCE_WARM, fit_level_exponent, fit_prompt_exponent, piece_of, prompt_share,
                                  reference_drift, reference_windows, reference_work, relevel, step_exponent, step_exponents,
                                  step_levels, time_reference, window_slices)
 from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,

@@ -16,13 +16,14 @@ Pure numpy (the reference work imports torch inside).
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import replace
 
 import numpy as np
 
 __all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
-           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponent", "step_exponents", "fit_prompt_exponent", "exponents_of", "MIN_KIND_STEPS",
+           "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponent", "step_exponents", "fit_prompt_exponent", "piece_of", "exponents_of", "MIN_KIND_STEPS",
            "fit_level_exponent"]
 
 #: The reference work's shape: a decode step of this many rows, each reading
@@ -276,42 +277,83 @@ def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_window
     return dict(out, exponent=round(min(hi, max(lo, slope)), 3))
 
 
-def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30) -> dict:
+def piece_of(label: str) -> str:
+    """The piece or trace a run served, without its round: "sweep (2)" and "bursts #3" are runs
+    of "sweep" and "bursts" (the same shapes at another moment)."""
+    return re.sub(r"( \(\d+\)| #\d+)$", "", label or "")
+
+
+def _prompt_terms(run, model, level_exponent: float):
+    """Per step with prompt tokens of ``run``: its share, share x log level, and log(CPU time /
+    prediction) less the decode part's ``level_exponent`` x (1 - share) x log level."""
+    lev = step_levels(run)
+    if lev is None or len(lev) != len(run.shapes):
+        return None
+    loglev = np.log(lev)
+    raw = np.log(run.durations) + exponents_of(run) * loglev
+    out = []
+    for i, s in enumerate(run.shapes):
+        share = prompt_share(model, s) if s.prefill_tokens else 0.0
+        p = model.step_s(s)
+        if p > 0 and share > 0:
+            out.append((share, share * loglev[i],
+                        raw[i] - math.log(p) - level_exponent * (1 - share) * loglev[i]))
+    return (np.array(out).T, float(np.median(loglev))) if len(out) >= 3 else None
+
+
+def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30,
+                        min_level_sd: float = 0.03) -> dict:
     """The power of the level a step's prompt work follows (:func:`step_exponents`), given
-    the decode steps' ``level_exponent``: over the steps with prompt tokens, the slope of
-    log(step CPU time / ``model``'s prediction), less the decode part's ``level_exponent`` x
-    (1 - share) x log level, on share x log level, within each run (each run's mean taken
-    out). Step by step, not in windows: prompt steps are too few for windows of their own,
-    and a step's level (a median of three timings of a decode step) is read closely enough
-    for one step. Returns ``{"exponent", "steps", "r"}``; the exponent is ``level_exponent``
-    (no correction) with fewer than ``min_steps`` steps or no spread, and is kept within
-    ``LEVEL_EXPONENT_RANGE`` (its lower end lowered to 0.1)."""
-    xs, ys = [], []
-    for run in runs:
-        lev = step_levels(run)
-        if lev is None or len(lev) != len(run.shapes):
+    the decode steps' ``level_exponent``: the slope of log(step CPU time / ``model``'s
+    prediction), less the decode part's ``level_exponent`` x (1 - share) x log level, on
+    share x log level, over the steps with prompt tokens.
+
+    Read *between runs of the same piece* (:func:`piece_of`: a calibration's rounds, a check's
+    repeats), the level each run ran at on the whole. A step's own level is a median of three
+    timings of a decode step taken before it, a noisy reading, and a slope on it comes out too
+    flat: on one calibration of the course's VM 0.19 step by step within runs, 0.55 between
+    them (the held-out runs of its check: 0.21 and 0.62). Prompt steps are too few for the
+    windows :func:`fit_level_exponent` reads. So each step's instrument is its share x (its
+    run's median log level less its piece's), and the slope is the covariance of the steps'
+    times with it over that of their levels (within each piece, a misprice of the piece's
+    shapes cancels). Returns ``{"exponent", "steps", "r", "level_sd", "how"}`` (level_sd: the
+    spread of the runs' levels about their pieces'; how: "between runs", or "within runs", the
+    step-by-step slope, when no piece ran twice at levels apart by ``min_level_sd``). The
+    exponent is ``level_exponent`` (no correction) with fewer than ``min_steps`` steps or no
+    spread, and is kept within ``LEVEL_EXPONENT_RANGE`` (its lower end lowered to 0.1)."""
+    terms = [(run.label, t) for run in runs if (t := _prompt_terms(run, model, level_exponent)) is not None]
+    pieces: dict = {}
+    for label, t in terms:
+        pieces.setdefault(piece_of(label), []).append(t)
+    xs, ys, zs, spread = [], [], [], []
+    for ts in pieces.values():
+        if len(ts) < 2:
             continue
-        loglev = np.log(lev)
-        raw = np.log(run.durations) + exponents_of(run) * loglev
-        x, y = [], []
-        for i, s in enumerate(run.shapes):
-            if not s.prefill_tokens:
-                continue
-            share = prompt_share(model, s)
-            p = model.step_s(s)
-            if p <= 0 or share <= 0:
-                continue
-            x.append(share * loglev[i])
-            y.append(raw[i] - math.log(p) - level_exponent * (1 - share) * loglev[i])
-        if len(x) >= 3:
-            x, y = np.array(x), np.array(y)
-            xs.append(x - x.mean())
-            ys.append(y - y.mean())
+        n = np.array([len(a[0]) for a, _ in ts], dtype=float)
+        mid = float((n * np.array([m for _, m in ts])).sum() / n.sum())
+        x = np.concatenate([a[1] for a, _ in ts])
+        y = np.concatenate([a[2] for a, _ in ts])
+        xs.append(x - x.mean())
+        ys.append(y - y.mean())
+        zs.append(np.concatenate([a[0] * (m - mid) for a, m in ts]))
+        spread += [m - mid for _, m in ts]
+    level_sd = float(np.std(spread)) if spread else 0.0
+    hi = LEVEL_EXPONENT_RANGE[1]
+    if level_sd >= min_level_sd and sum(len(x) for x in xs) >= min_steps:
+        x, y, z = (np.concatenate(v) for v in (xs, ys, zs))
+        slope = float((z * y).sum() / (z * x).sum())
+        return {"steps": int(len(x)), "exponent": round(min(hi, max(0.1, slope)), 3),
+                "r": round(float(np.corrcoef(z, y)[0, 1]), 3), "level_sd": round(level_sd, 3),
+                "how": "between runs"}
+    # no piece ran twice at levels apart: the step-by-step slope within each run
+    xs, ys = [], []
+    for _, (a, _m) in terms:
+        xs.append(a[1] - a[1].mean())
+        ys.append(a[2] - a[2].mean())
     x = np.concatenate(xs) if xs else np.zeros(0)
     y = np.concatenate(ys) if ys else np.zeros(0)
-    out = {"steps": int(len(x))}
+    out = {"steps": int(len(x)), "level_sd": round(level_sd, 3), "how": "within runs"}
     if len(x) < min_steps or x.std() < 1e-3:
         return dict(out, exponent=float(level_exponent), r=None)
     slope = float((x * y).sum() / (x * x).sum())
-    hi = LEVEL_EXPONENT_RANGE[1]
     return dict(out, exponent=round(min(hi, max(0.1, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))
