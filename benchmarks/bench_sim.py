@@ -116,10 +116,6 @@ def reference_of(calibration: dict) -> str | None:
     return meta.get("reference_work") or OLD_REFERENCE
 
 
-def _label_family(label: str) -> str:
-    return label.rsplit(" #", 1)[0]
-
-
 def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", repeats: int = 3) -> tuple:
     """Calibrate (or refit from saved runs), then check every held-out family. Returns
     ``(result, fit_runs, held_runs)``."""
@@ -151,7 +147,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
                 held_runs.append(check.serve_once(trace, model, cal.CONFIGS["base"], clock=clock,
                                                   label=f"{name} #{k + 1}", seed_offset=k, relevel=True))
     for name, trace in traces.items():
-        mine = [r for r in held_runs if _label_family(r.label) == name]
+        mine = [r for r in held_runs if cal.piece_of(r.label) == name]
         if not mine:
             continue
         c = check.spread_check(name, mine, model, info={"clock": clock})

@@ -9,7 +9,7 @@ import pytest
 
 from servelab.sim import calibrate as cal
 from servelab.sim import check
-from servelab.sim.step_model import LinearStepModel, StepShape
+from servelab.sim.step_model import KindStepModel, LinearStepModel, StepShape
 
 TRUE = LinearStepModel(a=0.004, c_decode=2e-4)
 
@@ -164,21 +164,31 @@ def test_each_check_names_the_reference_work_its_clock_read():
     assert str(cal.REFERENCE_ROWS) in cal.REFERENCE_NAME and str(cal.REFERENCE_CONTEXT) in cal.REFERENCE_NAME
 
 
+#: A decode line and a prompt line, for the prompt work's own power.
+TRUE_BY_KIND = KindStepModel(LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-7),
+                             LinearStepModel(a=0.004, b_prefill=1.5e-4, e_pairs=2e-8, c_decode=2e-4))
+
+
+def _mixed_steps(rng, n: int, prompt_share: float) -> list:
+    """``n`` steps: that share of them prompts of 16-512 tokens (with 0-7 decode rows), the rest
+    decode steps of 1-16 rows."""
+    shapes = []
+    for _ in range(n):
+        if rng.random() < prompt_share:
+            p = int(rng.choice([16, 64, 256, 512]))
+            shapes.append(StepShape(p, int(rng.integers(0, 8)), 800, p * (p + 1) / 2, 1, 0))
+        else:
+            r = int(rng.choice([1, 2, 4, 8, 16]))
+            shapes.append(StepShape(0, r, r * 200))
+    return shapes
+
+
 def test_prompt_work_gets_its_own_power_by_its_share_of_the_step():
-    from servelab.sim.step_model import KindStepModel
-    true = KindStepModel(LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-7),
-                         LinearStepModel(a=0.004, b_prefill=1.5e-4, e_pairs=2e-8, c_decode=2e-4))
+    true = TRUE_BY_KIND
     runs = []
     for k in range(3):
         rng = np.random.default_rng(k)
-        shapes = []
-        for i in range(4000):
-            if rng.random() < 0.15:
-                p = int(rng.choice([16, 64, 256, 512]))
-                shapes.append(StepShape(p, int(rng.integers(0, 8)), 800, p * (p + 1) / 2, 1, 0))
-            else:
-                r = int(rng.choice([1, 2, 4, 8, 16]))
-                shapes.append(StepShape(0, r, r * 200))
+        shapes = _mixed_steps(rng, 4000, 0.15)
         t = np.arange(len(shapes))
         level = np.round(np.exp(0.2 * np.sin(t / 300.0 + k)), 5)
         power = cal.step_exponents(shapes, 0.9, 0.4, true)
@@ -204,21 +214,12 @@ def test_prompt_power_is_read_between_rounds_of_a_piece():
     """Each step's level is a noisy, lagging reading, so a step-by-step slope of prompt work on
     it comes out flat; two rounds of each piece, run when the machine stood at other levels,
     read the power from the runs' levels on the whole."""
-    from servelab.sim.step_model import KindStepModel
-    true = KindStepModel(LinearStepModel(a=0.004, c_decode=2e-4, d_context=1e-7),
-                         LinearStepModel(a=0.004, b_prefill=1.5e-4, e_pairs=2e-8, c_decode=2e-4))
+    true = TRUE_BY_KIND
     runs = []
     for k, (piece, mean_level) in enumerate([("sweep", 0.7), ("chunked", 0.8), ("sweep (2)", 1.1),
                                              ("chunked (2)", 1.0), ("mix", 0.9), ("mix (2)", 1.3)]):
         rng = np.random.default_rng(k)
-        shapes = []
-        for i in range(3000):
-            if rng.random() < 0.2:
-                p = int(rng.choice([16, 64, 256, 512]))
-                shapes.append(StepShape(p, int(rng.integers(0, 8)), 800, p * (p + 1) / 2, 1, 0))
-            else:
-                r = int(rng.choice([1, 2, 4, 8, 16]))
-                shapes.append(StepShape(0, r, r * 200))
+        shapes = _mixed_steps(rng, 3000, 0.2)
         t = np.arange(len(shapes))
         level = mean_level * np.exp(0.1 * np.sin(t / 200.0 + k))
         reading = level * np.exp(0.15 * rng.standard_normal(len(shapes)))  # each step's noisy level

@@ -293,8 +293,9 @@ def _prompt_terms(run, model, level_exponent: float):
     raw = np.log(run.durations) + exponents_of(run) * loglev
     out = []
     for i, s in enumerate(run.shapes):
-        share = prompt_share(model, s) if s.prefill_tokens else 0.0
-        p = model.step_s(s)
+        if not s.prefill_tokens:
+            continue
+        share, p = prompt_share(model, s), model.step_s(s)
         if p > 0 and share > 0:
             out.append((share, share * loglev[i],
                         raw[i] - math.log(p) - level_exponent * (1 - share) * loglev[i]))
@@ -312,7 +313,8 @@ def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30,
     repeats), the level each run ran at on the whole. A step's own level is a median of three
     timings of a decode step taken before it, a noisy reading, and a slope on it comes out too
     flat: on one calibration of the course's VM 0.19 step by step within runs, 0.55 between
-    them (the held-out runs of its check: 0.21 and 0.62). Prompt steps are too few for the
+    them (the held-out runs of its check: 0.21 and 0.62; those runs are
+    ``data/sim/calibration_runs.json`` at commit 291a441). Prompt steps are too few for the
     windows :func:`fit_level_exponent` reads. So each step's instrument is its share x (its
     run's median log level less its piece's), and the slope is the covariance of the steps'
     times with it over that of their levels (within each piece, a misprice of the piece's

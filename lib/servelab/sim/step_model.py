@@ -654,6 +654,17 @@ DECODE_FEATURES = ("decode_rows", "decode_context")
 PREFILL_FEATURES = ("prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
 
 
+def _fit_shedding_bins(shapes, y, bins: tuple, keep: int = 0, **kw) -> "LinearStepModel":
+    """:func:`fit_linear` with ``bins``, dropping the top bin while the fit fails (down to ``keep`` bins)."""
+    while True:
+        try:
+            return fit_linear(shapes, y, bins=bins, **kw)
+        except ValueError:
+            if len(bins) <= keep:
+                raise
+            bins = bins[:-1]
+
+
 def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 33), min_bin_steps: int = 20,
                 meta: dict | None = None, prompt_weighting: str = "relative",
                 prompt_row_bins: tuple = (1, 5, 9, 17, 25)) -> KindStepModel:
@@ -664,7 +675,8 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     below). Steps with prompt tokens fit ``a + b*prompt tokens + e*attention pairs + f*prompt
     chunks + c*decode rows + d*context``, plus an offset per band of decode rows sharing the
     step (``prompt_row_bins``, likewise): one slope per row priced a calibration's mixed steps
-    of 24-32 rows and a short prompt 11% slow, the shape a queue for seats runs on.
+    of 24-32 rows and a short prompt 11% slow, the shape a queue for seats runs on (the runs
+    in ``data/sim/calibration_runs.json`` at commit bbd88fa).
 
     The decode line minimises squared seconds (its steps add up to the measured time). The
     prompt line weighs each step's *relative* error alike (``prompt_weighting``), then is
@@ -687,29 +699,15 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     dshapes = [s for s, d in zip(shapes, dec) if d]
     rows = [s.decode_rows for s in dshapes]
     bins = filled_bins(rows, sorted(int(b) for b in decode_bins), min_bin_steps)
-    decode = None
-    while decode is None:
-        try:
-            decode = fit_linear(dshapes, y[dec], features=DECODE_FEATURES, bins=bins)
-        except ValueError:
-            if not bins:
-                raise
-            bins = bins[:-1]
+    decode = _fit_shedding_bins(dshapes, y[dec], bins, features=DECODE_FEATURES)
     pshapes = [s for s, d in zip(shapes, dec) if not d]
     mixed = sum(1 for s in pshapes if s.decode_rows)
     # a step with prompt tokens pays once for having decode rows at all, then by bands of rows
     more = sorted(int(b) for b in prompt_row_bins if int(b) > 1)
     pbins = ((1,) + filled_bins([s.decode_rows for s in pshapes], more, min_bin_steps)
              if min_bin_steps <= mixed < len(pshapes) else ())
-    while True:
-        try:
-            prefill = fit_linear(pshapes, y[~dec], features=PREFILL_FEATURES, bins=pbins, bin_on="decode_rows",
-                                 weighting=prompt_weighting)
-            break
-        except ValueError:
-            if len(pbins) <= 1:
-                raise
-            pbins = pbins[:-1]
+    prefill = _fit_shedding_bins(pshapes, y[~dec], pbins, keep=min(1, len(pbins)), features=PREFILL_FEATURES,
+                                 bin_on="decode_rows", weighting=prompt_weighting)
     if prompt_weighting == "relative":
         # a relative fit runs low on noisy steps (it lands near their median, below their mean):
         # scale the line so its steps add up to the measured time, as the decode line's do

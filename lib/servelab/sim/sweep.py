@@ -125,8 +125,9 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
             lens = rng_out.integers(8, 500, r)
             b.piece([(0.0, int(n), 24, -1, 0) for n in lens] + [(0.02 + 0.0005 * r, p, 4, -1, 0)])
     # bursts of short prompts: several arrive at once and share a step, on an idle engine and
-    # joining running streams (a burst's first steps: priced 6-13% low on held-out bursts while
-    # the sweep's steps of three or more chunks were all full 512-token budgets)
+    # joining running streams (a burst's first steps: priced 5-13% low on held-out bursts while
+    # the sweep's steps of three or more chunks were all full 512-token budgets; the runs in
+    # data/sim/calibration_runs.json at commit e001ebc)
     for k in ((3, 5, 8) if quick else (2, 3, 4, 5, 6, 8)):
         for streams in ((0, 4) if quick else (0, 2, 8)):
             lens = rng_out.integers(8, 400, streams)
