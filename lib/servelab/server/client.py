@@ -331,8 +331,8 @@ class EngineCoreClient:
             metrics = self.metrics
             for e in entries:
                 self._entry(e, metrics)
-            for rid, step_seen, step_applied, freed in aborts:
-                self.abort_log.append(AbortRecord(rid, step_seen, step_applied, freed))
+            for rid, step_seen, step_received, step_applied, freed in aborts:
+                self.abort_log.append(AbortRecord(rid, step_seen, step_applied, freed, step_received))
                 if self._reqs.pop(rid, None) is not None and metrics is not None:
                     metrics.record_aborted()
             if metrics is not None:

@@ -147,10 +147,10 @@ class EngineCore(EngineLoop):
             self._handle(("add", rid, ids, sp, self._sink(rid, sp.logprobs is not None), arrival, n))
         elif kind == "abort":
             _, rid, step_seen = msg
-            k = len(self.abort_log)
+            k, received = len(self.abort_log), self.steps
             self._handle(("abort", rid, step_seen))
             for rec in self.abort_log[k:]:
-                self._aborts.append((rec.request_id, rec.step_requested, self.steps, rec.freed))
+                self._aborts.append((rec.request_id, rec.step_requested, received, self.steps, rec.freed))
             for key in [key for key in self._sent if key[0] == rid]:
                 del self._sent[key]
             self.abort_log.clear()  # the API side keeps the log

@@ -46,6 +46,7 @@ class AbortRecord:
     step_requested: int           # engine steps completed when the abort arrived
     step_applied: int             # engine steps completed when its blocks were freed
     freed: bool                   # False: the request had already finished
+    step_received: int | None = None  # process mode: the core's steps when the abort reached it
 
 
 class EngineCounters(NamedTuple):
