@@ -1,4 +1,4 @@
-"""The profiled step model (servelab.sim.step_model.ProfiledStepModel, format 3): a per-kind
+"""The profiled step model (servelab.sim.profiled.ProfiledStepModel, format 3): a per-kind
 linear model with a per-size correction of its prompt steps, measured by a profiling sweep."""
 import json
 
@@ -8,7 +8,8 @@ import pytest
 from servelab.sim import KindStepModel, LinearStepModel, ProfiledStepModel, ReplicaConfig, StepShape, simulate, \
     synthetic
 from servelab.sim import calibrate as cal
-from servelab.sim.step_model import PROFILE_TOKENS, STEP_MODEL_FORMAT, fit_profiled, step_model_from_dict
+from servelab.sim.profiled import PROFILE_TOKENS, fit_profiled
+from servelab.sim.step_model import STEP_MODEL_FORMAT, step_model_from_dict
 
 DECODE = LinearStepModel(a=0.004, c_decode=3e-5, d_context=1.5e-6, bin_edges=(2, 4), bin_costs=(0.002, 0.003))
 PREFILL = LinearStepModel(a=0.003, b_prefill=1.4e-4, e_pairs=2e-7, c_decode=1e-5)

@@ -13,7 +13,7 @@
    kind) to the recorded steps of some runs.
    With a :class:`StepProfile` (:func:`profile_prompt_steps`: the engine's
    prompt steps timed on a grid of sizes) it adds a per-size correction
-   (:class:`~servelab.sim.step_model.ProfiledStepModel`).
+   (:class:`~servelab.sim.profiled.ProfiledStepModel`).
 3. :func:`compare` simulates the same trace with the fitted model and prints
    measured vs predicted TTFT and TPOT percentiles with each error.
 
@@ -46,8 +46,9 @@ from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDO
                                  REFERENCE_WARM, fit_level_exponent, fit_prompt_exponent, piece_of, prompt_share,
                                  reference_drift, reference_windows, reference_work, relevel, step_exponent, step_exponents,
                                  step_levels, time_reference, window_slices)
-from servelab.sim.step_model import (PROFILE_TOKENS, KindStepModel, LinearStepModel, StepShape, filled_bins,
-                                     fit_by_kind, fit_linear, fit_profiled, fit_report, step_model_from_dict)
+from servelab.sim.profiled import PROFILE_TOKENS, fit_profiled
+from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, filled_bins, fit_by_kind, fit_linear,
+                                     fit_report, step_model_from_dict)
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
@@ -541,7 +542,7 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
     ``features`` and an offset per row-count bin (the model before format 2).
     ``profile`` (a :class:`StepProfile`, with ``kind="by_kind"``): correct the
     fitted model's prompt steps per size by it
-    (:class:`~servelab.sim.step_model.ProfiledStepModel`, format 3).
+    (:class:`~servelab.sim.profiled.ProfiledStepModel`, format 3).
     """
     if profile is not None:
         if kind != "by_kind":
