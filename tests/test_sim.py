@@ -41,6 +41,23 @@ def test_simulator_equals_engine_scheduler(name):
     assert a.num_preemptions == b.num_preemptions
 
 
+def test_a_decode_step_after_a_prompt_step_costs_what_the_model_says_in_both():
+    """The carryover (a decode step right after a prompt step costs more) is charged to that
+    step alone: by the simulator's closed-form decode runs as by the engine's scheduler."""
+    from servelab.sim import KindStepModel
+    tr = _trace(seed=4)
+    cfg = ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096)
+    carry = KindStepModel(MODEL, MODEL, after_prompt_s=0.003, after_prompt_token_s=2e-5)
+    a, b = simulate(tr, carry, cfg), replay_scheduler(tr, carry, cfg)
+    np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)
+    plain = simulate(tr, KindStepModel(MODEL, MODEL), cfg)
+    assert a.num_steps == b.num_steps and a.busy_s > plain.busy_s
+    assert np.median(a.tpot) > np.median(plain.tpot)
+    # the gaps keep every step: the carried ones as runs of one step
+    assert a.gap_steps.sum() == b.gap_steps.sum()
+
+
 def test_prefix_groups_equal_engine_prefix_cache():
     tr = _trace(seed=2, prompt=LogNormal(100, 0.8, 8, 400), prefix_groups=4, prefix_tokens=200)
     cfg = ReplicaConfig(max_num_seqs=16, num_kv_blocks=400)

@@ -142,3 +142,25 @@ def test_with_noise_and_noise_band():
     assert set(band) == set(cal.METRICS) and all(v >= 0 for v in band.values())
     with pytest.raises(ValueError, match="KindStepModel"):
         cal.noise_band(run, TRUE_DECODE, [run])
+
+
+def test_the_cost_of_a_decode_step_right_after_a_prompt_step_is_recovered():
+    """A decode step after a prompt step pays a + b * that step's prompt tokens (a cache the
+    prompt's work evicted): the fit finds a and b and leaves the decode line as it was."""
+    from servelab.sim.step_model import after_prompt
+    true = KindStepModel(TRUE_DECODE, TRUE_PREFILL, after_prompt_s=4e-4, after_prompt_token_s=2e-6)
+    shapes = after_prompt(_shapes(1200, seed=5))
+    assert sum(1 for s in shapes if not s.prefill_tokens and s.after_prompt_tokens) > 100
+    y = np.array([true.step_s(s) for s in shapes])
+    m = fit_by_kind(shapes, y, decode_bins=(2, 4))
+    assert m.after_prompt_s == pytest.approx(4e-4, rel=1e-6)
+    assert m.after_prompt_token_s == pytest.approx(2e-6, rel=1e-6)
+    assert m.decode.a == pytest.approx(TRUE_DECODE.a, rel=1e-6)
+    assert "right after a prompt step" in m.describe()
+    back = step_model_from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back.step_s(shapes[1]) == m.step_s(shapes[1]) and back.after_prompt_s == m.after_prompt_s
+    # without the term, the decode line absorbs the cost and misprices both sets of steps
+    blind = fit_by_kind([s._replace(after_prompt_tokens=0) for s in shapes], y, decode_bins=(2, 4))
+    after = [s for s in shapes if not s.prefill_tokens and s.after_prompt_tokens > 200]
+    assert np.median([blind.step_s(s._replace(after_prompt_tokens=0)) / true.step_s(s) for s in after]) < 0.96
+    assert blind.after_prompt_s == blind.after_prompt_token_s == 0.0

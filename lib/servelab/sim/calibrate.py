@@ -47,8 +47,8 @@ from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDO
                                  reference_drift, reference_windows, reference_work, relevel, step_exponent, step_exponents,
                                  step_levels, time_reference, window_slices)
 from servelab.sim.profiled import PROFILE_TOKENS, fit_profiled
-from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, filled_bins, fit_by_kind, fit_linear,
-                                     fit_report, step_model_from_dict)
+from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, after_prompt, filled_bins, fit_by_kind,
+                                     fit_linear, fit_report, step_model_from_dict)
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
@@ -96,7 +96,7 @@ class EngineRun:
         tr = Trace([r["arrival_s"] for r in recs], [r["prompt_tokens"] for r in recs],
                    [r["output_tokens"] for r in recs], [r.get("prefix_group", -1) for r in recs],
                    [r.get("prefix_tokens", 0) for r in recs])
-        return cls(tr, ReplicaConfig(**d["config"]), [StepShape(*s) for s in d["shapes"]],
+        return cls(tr, ReplicaConfig(**d["config"]), after_prompt(StepShape(*s) for s in d["shapes"]),
                    np.array(d["durations"]), np.array(d["ttft"]),
                    np.array([math.nan if x is None else x for x in d["tpot"]]), np.array(d["e2e"]),
                    d.get("label", ""), d.get("info", {}))
@@ -351,7 +351,7 @@ def run_engine(trace: Trace, config: ReplicaConfig | None = None, *, model_dir=N
             info["step_exponents"] = exps
     if groups:
         info["decode_groups"] = groups
-    return EngineRun(trace, cfg, shapes, durations, ttft, tpot, e2e, label, info)
+    return EngineRun(trace, cfg, after_prompt(shapes), durations, ttft, tpot, e2e, label, info)
 
 
 def fit_calibration(runs, iterations: int = 3):

@@ -156,6 +156,8 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
     dec_run = step_model.decode_run_s
     steps_to_reach = step_model.steps_to_reach
     step_at = step_model.decode_step_at
+    carryover = step_model.carryover_s
+    prev_prompt = 0  # prompt tokens of the step before (a decode step right after one costs more)
     noisy = step_model.noisy
     step_model.reset_noise()
 
@@ -480,16 +482,25 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 k_mem = 1 + bs * ((total_blocks - st["used"]) // R)
                 if k_mem < k:
                     k = k_mem
+            carry = carryover(prev_prompt) if prev_prompt else 0.0
+            prev_prompt = 0
             if (next_arr < n and not waiting and not waiting_lo and n_running < seats and not static and k > 1):
-                k = steps_to_reach(R, k_const + R * D, arrival[next_arr] - t, k)
+                k = steps_to_reach(R, k_const + R * D, arrival[next_arr] - t - carry, k)
             if k < 1:
                 k = 1
             K0 = k_const + R * D
-            dur = dec_run(R, K0, k)
-            gap_first.append(step_at(R, K0))
-            gap_last.append(step_at(R, K0 + R * (k - 1)))
-            gap_k.append(k)
-            gap_rows.append(R)
+            dur = dec_run(R, K0, k) + carry
+            if carry:  # the run's first step is a gap of its own
+                gap_first.append(step_at(R, K0) + carry)
+                gap_last.append(gap_first[-1])
+                gap_k.append(1)
+                gap_rows.append(R)
+            if k > 1 or not carry:
+                K1 = K0 + R if carry else K0
+                gap_first.append(step_at(R, K1))
+                gap_last.append(step_at(R, K0 + R * (k - 1)))
+                gap_k.append(k - 1 if carry else k)
+                gap_rows.append(R)
             t += dur
             busy += dur
             D += k
@@ -510,7 +521,8 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 P += c
                 pairs += chunk_pairs(s0, c)
                 pctx += s0 + c
-            dur = step_s(StepShape(P, R, k_const + R * D, pairs, len(chunks), pctx))
+            dur = step_s(StepShape(P, R, k_const + R * D, pairs, len(chunks), pctx, prev_prompt))
+            prev_prompt = P
             if R:
                 gap_first.append(dur)
                 gap_last.append(dur)

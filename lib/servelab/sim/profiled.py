@@ -72,6 +72,9 @@ class ProfiledStepModel(StepModel):
     def step_s(self, shape: StepShape) -> float:
         return self.base.step_s(shape) * self.factor(shape.prefill_tokens)
 
+    def carryover_s(self, prompt_tokens: int) -> float:
+        return self.base.carryover_s(prompt_tokens)
+
     def decode_lines(self, rows):
         return self.base.decode_lines(rows)
 

@@ -50,7 +50,7 @@ import numpy as np
 
 __all__ = ["StepShape", "StepModel", "LinearStepModel", "KindStepModel", "RooflineStepModel", "fit_linear",
            "fit_by_kind", "step_model_from_dict", "step_kind", "fit_report", "FEATURES", "STEP_KINDS",
-           "STEP_MODEL_FORMAT", "filled_bins"]
+           "STEP_MODEL_FORMAT", "filled_bins", "after_prompt"]
 
 #: Names of the fitted model's terms, in the order of its coefficients.
 FEATURES = ("1", "prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
@@ -63,10 +63,21 @@ class StepShape(NamedTuple):
     prefill_pairs: float = 0.0
     prefill_seqs: int = 0
     prefill_context: int = 0
+    #: Prompt tokens of the step before: a decode step right after a prompt step runs slower
+    after_prompt_tokens: int = 0
 
     def features(self) -> tuple:
         return (1.0, self.prefill_tokens, self.decode_rows, self.decode_context, self.prefill_pairs,
                 self.prefill_seqs)
+
+
+def after_prompt(shapes) -> list:
+    """``shapes`` of consecutive steps, each marked with the prompt tokens of the step before."""
+    out, prev = [], 0
+    for s in shapes:
+        out.append(s._replace(after_prompt_tokens=prev))
+        prev = s.prefill_tokens
+    return out
 
 
 #: Kinds of step, for fitting and for residuals: no prompt tokens; prompt tokens only; both.
@@ -77,8 +88,9 @@ BIN_ON = ("rows", "decode_rows")
 
 #: Version of the saved step-model format (``to_dict``/``step_model_from_dict``). Version 1 saved
 #: ``kind`` "linear" or "roofline" without a version; version 2 adds "by_kind"; version 3 adds
-#: "profiled" (a "by_kind" model with a measured per-size correction of its prompt steps).
-STEP_MODEL_FORMAT = 3
+#: "profiled" (a "by_kind" model with a measured per-size correction of its prompt steps); version 4
+#: a "by_kind" model's cost of a decode step right after a prompt step.
+STEP_MODEL_FORMAT = 4
 
 
 def step_kind(shape: StepShape) -> str:
@@ -116,6 +128,10 @@ class StepModel:
 
     def step_s(self, shape: StepShape) -> float:
         raise NotImplementedError
+
+    def carryover_s(self, prompt_tokens: int) -> float:
+        """Extra seconds of a pure decode step right after a step of ``prompt_tokens``."""
+        return 0.0
 
     def decode_lines(self, rows: int) -> list[tuple[float, float]]:
         """Pure decode step time = overhead + max over lines of alpha + beta * context."""
@@ -400,12 +416,20 @@ class KindStepModel(StepModel):
     decode: LinearStepModel
     prefill: LinearStepModel
     meta: dict = field(default_factory=dict)
+    #: A pure decode step right after a step with prompt tokens costs ``after_prompt_s`` more,
+    #: plus ``after_prompt_token_s`` per prompt token of that step (:func:`fit_by_kind`).
+    after_prompt_s: float = 0.0
+    after_prompt_token_s: float = 0.0
 
     def __post_init__(self):
         for name in ("decode", "prefill"):
             if not isinstance(getattr(self, name), LinearStepModel):
                 raise TypeError(f"KindStepModel.{name} must be a LinearStepModel, "
                                 f"got {type(getattr(self, name)).__name__}")
+        for name in ("after_prompt_s", "after_prompt_token_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"KindStepModel.{name} must be a finite number >= 0, got {v!r}")
 
     @property
     def noisy(self) -> bool:
@@ -416,17 +440,26 @@ class KindStepModel(StepModel):
         self.prefill.reset_noise()
 
     def step_s(self, shape: StepShape) -> float:
-        return (self.prefill if shape.prefill_tokens else self.decode).step_s(shape)
+        if shape.prefill_tokens:
+            return self.prefill.step_s(shape)
+        return self.decode.step_s(shape) + self.carryover_s(shape.after_prompt_tokens)
+
+    def carryover_s(self, prompt_tokens: int) -> float:
+        return self.after_prompt_s + self.after_prompt_token_s * prompt_tokens if prompt_tokens > 0 else 0.0
 
     def decode_lines(self, rows):
         return self.decode.decode_lines(rows)
 
+    def _like(self, decode, prefill, factor: float = 1.0) -> "KindStepModel":
+        return KindStepModel(decode, prefill, dict(self.meta), self.after_prompt_s * factor,
+                             self.after_prompt_token_s * factor)
+
     def scaled(self, factor: float) -> "KindStepModel":
         """Every step ``factor`` times as long."""
-        return KindStepModel(self.decode.scaled(factor), self.prefill.scaled(factor), dict(self.meta))
+        return self._like(self.decode.scaled(factor), self.prefill.scaled(factor), factor)
 
     def without_noise(self) -> "KindStepModel":
-        return KindStepModel(self.decode.without_noise(), self.prefill.without_noise(), dict(self.meta))
+        return self._like(self.decode.without_noise(), self.prefill.without_noise())
 
     def with_noise(self, shapes, durations, seed: int = 0) -> "KindStepModel":
         """A copy whose every step adds a residual drawn from those of the measured steps of its
@@ -443,11 +476,12 @@ class KindStepModel(StepModel):
             res = y[m] - np.array([part.step_s(sh) for sh, k in zip(shapes, m) if k])
             q = tuple(np.quantile(res, np.linspace(0, 1, 201)).tolist())
             parts.append(replace(part, meta=dict(part.meta), noise=q, noise_seed=seed + len(parts)))
-        return KindStepModel(parts[0], parts[1], dict(self.meta))
+        return self._like(parts[0], parts[1])
 
     def to_dict(self) -> dict:
         return {"kind": "by_kind", "format": STEP_MODEL_FORMAT, "decode": self.decode.to_dict(),
-                "prefill": self.prefill.to_dict(), "meta": self.meta}
+                "prefill": self.prefill.to_dict(), "meta": self.meta, "after_prompt_s": self.after_prompt_s,
+                "after_prompt_token_s": self.after_prompt_token_s}
 
     def describe(self) -> str:
         d, p = self.decode, self.prefill
@@ -461,6 +495,9 @@ class KindStepModel(StepModel):
                  f"{p.c_decode * 1e6:.2f} us/decode row + {p.d_context * 1e9:.2f} ns/context token")
         if p.bin_edges:
             text += "".join(f" + {c * 1e3:.2f} ms with >= {e} decode rows" for e, c in zip(p.bin_edges, p.bin_costs))
+        if self.after_prompt_s or self.after_prompt_token_s:
+            text += (f"; a decode step right after a prompt step: +{self.after_prompt_s * 1e3:.3f} ms + "
+                     f"{self.after_prompt_token_s * 1e6:.2f} us per prompt token of that step")
         return text
 
 
@@ -482,7 +519,7 @@ def step_model_from_dict(d: dict) -> StepModel:
     if kind == "by_kind":
         try:
             return KindStepModel(step_model_from_dict(d["decode"]), step_model_from_dict(d["prefill"]),
-                                 d.get("meta", {}))
+                                 d.get("meta", {}), d.get("after_prompt_s", 0.0), d.get("after_prompt_token_s", 0.0))
         except KeyError as exc:
             raise ValueError(f"a 'by_kind' step model needs 'decode' and 'prefill' parts; {exc} is missing")
     if kind == "profiled":
@@ -545,6 +582,21 @@ def _fit_shedding_bins(shapes, y, bins: tuple, keep: int = 0, **kw) -> "LinearSt
             bins = bins[:-1]
 
 
+def _fit_carryover(decode: LinearStepModel, shapes, y) -> tuple[float, float]:
+    """``(a, b)``, both >= 0, least squares of the decode steps' excess over ``decode`` on
+    ``a + b * after_prompt_tokens`` (``(0, 0)`` without steps)."""
+    if not len(shapes):
+        return 0.0, 0.0
+    t = np.array([s.after_prompt_tokens for s in shapes], dtype=float)
+    r = np.asarray(y, dtype=float) - np.array([decode.step_s(s) for s in shapes])
+    (a, b), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(t), t]), r, rcond=None)
+    if b < 0:
+        a, b = r.mean(), 0.0
+    elif a < 0:
+        a, b = 0.0, float(r @ t / (t @ t))
+    return max(float(a), 0.0), max(float(b), 0.0)
+
+
 def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 33), min_bin_steps: int = 20,
                 meta: dict | None = None, prompt_weighting: str = "relative",
                 prompt_row_bins: tuple = (1, 5, 9, 17, 25)) -> KindStepModel:
@@ -557,6 +609,12 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     step (``prompt_row_bins``, likewise): one slope per row priced a calibration's mixed steps
     of 24-32 rows and a short prompt 11% slow, the shape a queue for seats runs on (the runs
     in ``data/sim/calibration_runs.json`` at commit bbd88fa).
+
+    A pure decode step right after a step with prompt tokens (``shape.after_prompt_tokens``)
+    runs slower, more so after more prompt tokens (on the course's VM +0.2 ms + 2.1 us per prompt
+    token, a fifth over the line after a full chunk: the 32a1e28 runs in
+    ``data/sim/calibration_runs.json``); with ``min_bin_steps`` such steps, the decode line is
+    fitted without them and their excess as ``a + b*those tokens`` (:func:`_fit_carryover`).
 
     The decode line minimises squared seconds (its steps add up to the measured time). The
     prompt line weighs each step's *relative* error alike (``prompt_weighting``), then is
@@ -576,10 +634,15 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     for name, m in (("decode", dec), ("prompt", ~dec)):
         if m.sum() < need[name]:
             raise ValueError(f"need at least {need[name]} measured {name} steps to fit that part, got {int(m.sum())}")
-    dshapes = [s for s, d in zip(shapes, dec) if d]
+    after = np.array([bool(d and s.after_prompt_tokens > 0) for s, d in zip(shapes, dec)], dtype=bool)
+    if after.sum() < min_bin_steps or (dec & ~after).sum() < need["decode"]:
+        after[:] = False  # too few to tell apart: the line takes them as they come
+    plain = dec & ~after
+    dshapes = [s for s, d in zip(shapes, plain) if d]
     rows = [s.decode_rows for s in dshapes]
     bins = filled_bins(rows, sorted(int(b) for b in decode_bins), min_bin_steps)
-    decode = _fit_shedding_bins(dshapes, y[dec], bins, features=DECODE_FEATURES)
+    decode = _fit_shedding_bins(dshapes, y[plain], bins, features=DECODE_FEATURES)
+    carry = _fit_carryover(decode, [s for s, a in zip(shapes, after) if a], y[after])
     pshapes = [s for s, d in zip(shapes, dec) if not d]
     mixed = sum(1 for s in pshapes if s.decode_rows)
     # a step with prompt tokens pays once for having decode rows at all, then by bands of rows
@@ -595,7 +658,7 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
         scale = float(y[~dec].sum()) / total
         prefill = prefill.scaled(scale)
         prefill.meta["total_scale"] = round(scale, 4)
-    model = KindStepModel(decode, prefill, dict(meta or {}))
+    model = KindStepModel(decode, prefill, dict(meta or {}), *carry)
     rep = fit_report(model, shapes, y)
     model.meta.update(n_steps=rep["n_steps"], median_abs_rel_err=rep["median_abs_rel_err"],
                       r2=rep["r2"], kinds=rep["kinds"])

@@ -200,6 +200,7 @@ FEATURE_BINS = {
     "prompt chunks": (1, 2, 3),
     "chunk offset (cached or earlier tokens)": (0, 1, 128, 512),
     "prompt tokens, prompt-only steps": (1, 64, 128, 256),
+    "prompt tokens of the step before (decode steps)": (0, 1, 64, 256),
 }
 
 
@@ -214,6 +215,8 @@ def _feature(name: str, s: StepShape):
         return s.prefill_seqs or None
     if name == "prompt tokens, prompt-only steps":
         return s.prefill_tokens if s.prefill_tokens and not s.decode_rows else None
+    if name == "prompt tokens of the step before (decode steps)":
+        return None if s.prefill_tokens else s.after_prompt_tokens
     if name == "chunk offset (cached or earlier tokens)":
         if not s.prefill_tokens:
             return None
