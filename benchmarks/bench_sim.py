@@ -403,6 +403,7 @@ def calibration_md(c: dict) -> list:
                   + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
                   + (f" (prompt work {h['prompt_level_exponent']:.2f})" if h.get("prompt_level_exponent") else "")
                   + (f", {h['runs']} engine runs a family" if h.get("runs") else "")
+                  + (f", on an {h['cpu']}" if h.get("cpu") else "")
                   + f"): worst held-out "
                   f"error {h['worst']:.1%}, median {h['median']:.1%}"
                   + (f", engine spread up to ±{h['worst_spread']:.1%}" if h.get("worst_spread") is not None else "")
@@ -501,6 +502,7 @@ def main(argv=None) -> int:
             loads = [r.get("load_average_1min") for r in was["rows"] if r["set"] == "held-out"
                      and r.get("load_average_1min") is not None]
             new["history"] = [{"when": (at.get("machine") or {}).get("date"), "git_commit": at.get("git_commit"),
+                               "cpu": (at.get("machine") or {}).get("cpu"),
                                "what": (was.get("model") or {}).get("meta", {}).get("calibration", "sweep"),
                                "worst": was["held_out_worst"], "median": was["held_out_median"],
                                "loads": _span(loads) if loads else "not recorded",
