@@ -120,7 +120,13 @@ def test_from_tiktoken_ranks_equal_tiktoken_on_corpus_text(course):
     assert mine.encode(text, allowed_special="all") == theirs.encode(text, allowed_special="all")
 
 
-@given(st.text(max_size=200))
+# characters Unicode had assigned by this Python's tables: the regex module knows newer ones
+# (U+323B0, assigned in 2025, is a letter to it) that tiktoken's tables do not yet, so the
+# same pattern splits them apart: a difference of Unicode versions, not of tokenizers
+ASSIGNED = st.characters(exclude_categories=("Cn", "Cs"))
+
+
+@given(st.text(ASSIGNED, max_size=200))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_unicode_equals_tiktoken_and_round_trips(course, course_tiktoken, text):
     ids = course.encode(text, disallowed_special=())

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from servelab.sim.step_model import STEP_MODEL_FORMAT, KindStepModel, StepModel, StepShape
+from servelab.sim.step_model import (READERS, STEP_MODEL_FORMAT, KindStepModel, StepModel, StepShape,
+                                     step_model_from_dict)
 
 __all__ = ["ProfiledStepModel", "fit_profiled", "PROFILE_TOKENS"]
 
@@ -135,3 +136,13 @@ def fit_profiled(base: KindStepModel, shapes, durations, meta: dict | None = Non
     info = dict(meta or {})
     info.update(profile_steps=int(len(y)), profile_speed=float(np.median(list(ratio.values()))))
     return ProfiledStepModel(base, tuple(tokens), tuple(float(f) for f in factors), info)
+
+
+def _read(d: dict) -> ProfiledStepModel:
+    try:
+        return ProfiledStepModel(step_model_from_dict(d["base"]), d["tokens"], d["factors"], d.get("meta", {}))
+    except KeyError as exc:
+        raise ValueError(f"a 'profiled' step model needs 'base', 'tokens' and 'factors'; {exc} is missing")
+
+
+READERS["profiled"] = _read

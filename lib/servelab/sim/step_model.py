@@ -501,6 +501,10 @@ class KindStepModel(StepModel):
         return text
 
 
+#: Readers of saved kinds defined in other modules, by kind (servelab.sim.profiled adds its own).
+READERS: dict = {}
+
+
 def step_model_from_dict(d: dict) -> StepModel:
     """Read a step model saved by ``to_dict`` (any format up to :data:`STEP_MODEL_FORMAT`)."""
     if not isinstance(d, dict):
@@ -522,13 +526,8 @@ def step_model_from_dict(d: dict) -> StepModel:
                                  d.get("meta", {}), d.get("after_prompt_s", 0.0), d.get("after_prompt_token_s", 0.0))
         except KeyError as exc:
             raise ValueError(f"a 'by_kind' step model needs 'decode' and 'prefill' parts; {exc} is missing")
-    if kind == "profiled":
-        from servelab.sim.profiled import ProfiledStepModel
-        try:
-            base = step_model_from_dict(d["base"])
-            return ProfiledStepModel(base, d["tokens"], d["factors"], d.get("meta", {}))
-        except KeyError as exc:
-            raise ValueError(f"a 'profiled' step model needs 'base', 'tokens' and 'factors'; {exc} is missing")
+    if kind in READERS:  # kinds defined in other modules (servelab.sim.profiled)
+        return READERS[kind](d)
     raise ValueError(f"unknown step model kind {kind!r}; expected 'linear', 'by_kind', 'profiled' or 'roofline'")
 
 
