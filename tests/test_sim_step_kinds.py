@@ -164,3 +164,16 @@ def test_the_cost_of_a_decode_step_right_after_a_prompt_step_is_recovered():
     after = [s for s in shapes if not s.prefill_tokens and s.after_prompt_tokens > 200]
     assert np.median([blind.step_s(s._replace(after_prompt_tokens=0)) / true.step_s(s) for s in after]) < 0.96
     assert blind.after_prompt_s == blind.after_prompt_token_s == 0.0
+
+
+def test_noise_residuals_do_not_count_the_step_before_cost_twice():
+    """Exact steps with a step-before cost: their residuals against the whole model are zero,
+    so the noisy copy prices every step as the model does."""
+    from servelab.sim.step_model import after_prompt
+    true = KindStepModel(TRUE_DECODE, TRUE_PREFILL, after_prompt_s=4e-4, after_prompt_token_s=2e-6)
+    shapes = after_prompt(_shapes(1200, seed=5))
+    y = np.array([true.step_s(s) for s in shapes])
+    noisy = true.with_noise(shapes, y, seed=2)
+    after = next(s for s in shapes if not s.prefill_tokens and s.after_prompt_tokens > 100)
+    draws = [noisy.step_s(after) - true.step_s(after) for _ in range(200)]
+    assert max(abs(d) for d in draws) < 1e-12

@@ -473,7 +473,7 @@ class KindStepModel(StepModel):
             if not m.any():
                 parts.append(part.without_noise())
                 continue
-            res = y[m] - np.array([part.step_s(sh) for sh, k in zip(shapes, m) if k])
+            res = y[m] - np.array([self.step_s(sh) for sh, k in zip(shapes, m) if k])  # carryover in
             q = tuple(np.quantile(res, np.linspace(0, 1, 201)).tolist())
             parts.append(replace(part, meta=dict(part.meta), noise=q, noise_seed=seed + len(parts)))
         return self._like(parts[0], parts[1])
