@@ -75,6 +75,7 @@ class EngineCore(EngineLoop):
         super().__init__(engine, None)
         self.sock = sock
         self._buf = bytearray()
+        self._read_at = 0  # steps done when the last frames were read
         self._outbox: list = []
         self._aborts: list = []
         self._sent: dict[tuple, list] = {}  # (request id, completion index) -> [tokens sent, first sent]
@@ -83,6 +84,7 @@ class EngineCore(EngineLoop):
     # -- the socket ----------------------------------------------------------
     def _read(self, block: bool) -> list:
         """Frames available now; ``block``: wait until there is at least one."""
+        self._read_at = self.steps  # the steps done when these frames came in (an abort's promptness)
         msgs = parse_frames(self._buf)
         block = block and not msgs
         while True:
@@ -147,10 +149,10 @@ class EngineCore(EngineLoop):
             self._handle(("add", rid, ids, sp, self._sink(rid, sp.logprobs is not None), arrival, n))
         elif kind == "abort":
             _, rid, step_seen = msg
-            k, received = len(self.abort_log), self.steps
+            k = len(self.abort_log)
             self._handle(("abort", rid, step_seen))
             for rec in self.abort_log[k:]:
-                self._aborts.append((rec.request_id, rec.step_requested, received, self.steps, rec.freed))
+                self._aborts.append((rec.request_id, rec.step_requested, self._read_at, self.steps, rec.freed))
             for key in [key for key in self._sent if key[0] == rid]:
                 del self._sent[key]
             self.abort_log.clear()  # the API side keeps the log
