@@ -145,8 +145,8 @@ def test_with_noise_and_noise_band():
 
 
 def test_the_cost_of_a_decode_step_right_after_a_prompt_step_is_recovered():
-    """A decode step after a prompt step pays a + b * that step's prompt tokens (a cache the
-    prompt's work evicted): the fit finds a and b and leaves the decode line as it was."""
+    """A decode step after a prompt step pays a + b * that step's prompt tokens: the fit finds
+    a and b and leaves the decode line as it was."""
     from servelab.sim.step_model import after_prompt
     true = KindStepModel(TRUE_DECODE, TRUE_PREFILL, after_prompt_s=4e-4, after_prompt_token_s=2e-6)
     shapes = after_prompt(_shapes(1200, seed=5))

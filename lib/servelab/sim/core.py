@@ -490,16 +490,17 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 k = 1
             K0 = k_const + R * D
             dur = dec_run(R, K0, k) + carry
-            if carry:  # the run's first step is a gap of its own
+            first = 0
+            if carry:  # the run's first step, dearer, is a gap of its own
                 gap_first.append(step_at(R, K0) + carry)
                 gap_last.append(gap_first[-1])
                 gap_k.append(1)
                 gap_rows.append(R)
-            if k > 1 or not carry:
-                K1 = K0 + R if carry else K0
-                gap_first.append(step_at(R, K1))
+                first = 1
+            if k > first:
+                gap_first.append(step_at(R, K0 + R * first))
                 gap_last.append(step_at(R, K0 + R * (k - 1)))
-                gap_k.append(k - 1 if carry else k)
+                gap_k.append(k - first)
                 gap_rows.append(R)
             t += dur
             busy += dur

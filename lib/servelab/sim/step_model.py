@@ -610,9 +610,9 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     in ``data/sim/calibration_runs.json`` at commit bbd88fa).
 
     A pure decode step right after a step with prompt tokens (``shape.after_prompt_tokens``)
-    runs slower, more so after more prompt tokens (on the course's VM +0.2 ms + 2.1 us per prompt
-    token, a fifth over the line after a full chunk: the 32a1e28 runs in
-    ``data/sim/calibration_runs.json``); with ``min_bin_steps`` such steps, the decode line is
+    runs slower (on the course's Xeon VM +0.2 ms + 2.1 us per prompt token of that step, a fifth
+    over the line after a full chunk: ``data/sim/calibration_runs.json`` at commit 04a9109; on
+    an AMD EPYC a flat +0.3-0.5 ms); with ``min_bin_steps`` such steps, the decode line is
     fitted without them and their excess as ``a + b*those tokens`` (:func:`_fit_carryover`).
 
     The decode line minimises squared seconds (its steps add up to the measured time). The
