@@ -511,6 +511,7 @@ def main(argv=None) -> int:
                                "prompt_level_exponent": (was.get("model") or {}).get("meta", {}).get(
                                    "prompt_level_exponent"),
                                "reference": reference_of(was),
+                               "decode_knee": ((was.get("model") or {}).get("decode") or {}).get("knee_context"),
                                "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \

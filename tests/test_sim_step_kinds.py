@@ -177,3 +177,74 @@ def test_noise_residuals_do_not_count_the_step_before_cost_twice():
     after = next(s for s in shapes if not s.prefill_tokens and s.after_prompt_tokens > 100)
     draws = [noisy.step_s(after) - true.step_s(after) for _ in range(200)]
     assert max(abs(d) for d in draws) < 1e-12
+
+
+KNEED = LinearStepModel(a=0.004, c_decode=3e-5, d_context=1.0e-6, bin_edges=(2, 4), bin_costs=(0.002, 0.003),
+                        knee_context=1500, g_knee=1.5e-6)
+
+
+def _decode_shapes(n=1500, seed=3):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        R = int(rng.integers(1, 24))
+        out.append(StepShape(0, R, int(R * rng.integers(8, 300))))
+    return out
+
+
+def test_a_planted_knee_in_the_context_price_is_found():
+    """Decode steps whose context beyond a total of 1,500 tokens costs 2.5x: the fit finds the
+    knee near it; a straight line through the same steps overprices the short contexts' side
+    a straight line through the same steps underprices the short contexts and overprices the
+    middle (the shape the AMD EPYC's decode steps showed: data/sim/calibration_runs.json at
+    commit ff640ad)."""
+    from servelab.sim.step_model import _fit_decode_line
+    shapes = _decode_shapes()
+    rng = np.random.default_rng(4)
+    y = np.array([KNEED.step_s(s) for s in shapes]) * rng.normal(1, 0.03, len(shapes))
+    m = _fit_decode_line(shapes, y, (2, 4))
+    assert 1100 <= m.knee_context <= 1900 and m.g_knee == pytest.approx(1.5e-6, rel=0.35)
+    assert m.meta["knee_gain"] >= 0.01
+    line = fit_by_kind(shapes + _shapes(300), np.concatenate([y, [TRUE.step_s(s) for s in _shapes(300)]]),
+                       decode_bins=(2, 4)).decode
+    assert line.g_knee > 0
+    from servelab.sim.step_model import fit_linear
+    straight = fit_linear(shapes, y, features=("decode_rows", "decode_context"), bins=(2, 4))
+    short = [s for s in shapes if s.decode_context < 400]
+    middle = [s for s in shapes if 1500 < s.decode_context < 3000]
+    assert np.median([straight.step_s(s) / KNEED.step_s(s) for s in short]) < 0.95
+    assert np.median([straight.step_s(s) / KNEED.step_s(s) for s in middle]) > 1.02
+    assert np.median([abs(m.step_s(s) / KNEED.step_s(s) - 1) for s in short + middle]) < 0.02
+
+
+def test_no_knee_where_the_price_is_straight():
+    """Steps on a straight line with noise: no knee is worth its term (KNEE_GAIN)."""
+    shapes = _decode_shapes(seed=8)
+    rng = np.random.default_rng(9)
+    y = np.array([TRUE_DECODE.step_s(s) for s in shapes]) * rng.normal(1, 0.05, len(shapes))
+    m = fit_by_kind(shapes + _shapes(300), np.concatenate([y, [TRUE.step_s(s) for s in _shapes(300)]]),
+                    decode_bins=(2, 4))
+    assert m.decode.g_knee == 0.0 and m.decode.knee_context == 0
+
+
+def test_a_knee_prices_decode_runs_in_closed_form_as_step_by_step():
+    for rows, k0, k in ((1, 100, 3000), (8, 40, 400), (20, 1400, 50), (3, 5000, 10)):
+        one_by_one = sum(KNEED.step_s(StepShape(0, rows, k0 + i * rows)) for i in range(k))
+        assert KNEED.decode_run_s(rows, k0, k) == pytest.approx(one_by_one, rel=1e-12)
+        dt = one_by_one * 0.6
+        n = KNEED.steps_to_reach(rows, k0, dt, k)
+        assert KNEED.decode_run_s(rows, k0, n) >= dt > KNEED.decode_run_s(rows, k0, n - 1)
+
+
+def test_a_knee_is_saved_scaled_and_described():
+    m = KindStepModel(KNEED, TRUE_PREFILL)
+    back = step_model_from_dict(json.loads(json.dumps(m.to_dict())))
+    assert m.to_dict()["format"] == STEP_MODEL_FORMAT >= 5
+    s = StepShape(0, 6, 3000)
+    assert back.step_s(s) == m.step_s(s)
+    assert m.scaled(2.0).step_s(s) == pytest.approx(2 * m.step_s(s))
+    assert "beyond 1500 tokens" in m.describe()
+    with pytest.raises(ValueError, match="knee_context"):
+        LinearStepModel(a=0.004, knee_context=-1)
+    with pytest.raises(ValueError, match="g_knee"):
+        LinearStepModel(a=0.004, g_knee=-1e-6)

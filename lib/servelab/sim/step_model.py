@@ -89,8 +89,9 @@ BIN_ON = ("rows", "decode_rows")
 #: Version of the saved step-model format (``to_dict``/``step_model_from_dict``). Version 1 saved
 #: ``kind`` "linear" or "roofline" without a version; version 2 adds "by_kind"; version 3 adds
 #: "profiled" (a "by_kind" model with a measured per-size correction of its prompt steps); version 4
-#: a "by_kind" model's cost of a decode step right after a prompt step.
-STEP_MODEL_FORMAT = 4
+#: a "by_kind" model's cost of a decode step right after a prompt step; version 5 a linear
+#: model's knee (a dearer price per context token beyond ``knee_context``).
+STEP_MODEL_FORMAT = 5
 
 
 def step_kind(shape: StepShape) -> str:
@@ -214,7 +215,7 @@ class StepModel:
 
 
 #: The fields of :class:`LinearStepModel` that are its coefficients, in the order of ``FEATURES``.
-_COEFFICIENTS = ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks")
+_COEFFICIENTS = ("a", "b_prefill", "c_decode", "d_context", "e_pairs", "f_chunks", "g_knee")
 
 
 @dataclass
@@ -239,6 +240,11 @@ class LinearStepModel(StepModel):
     bin_costs: tuple = ()
     #: What the bins count: "rows" (prompt tokens + decode rows) or "decode_rows".
     bin_on: str = "rows"
+    #: Each decode-context token beyond ``knee_context`` (the step's total) costs ``g_knee``
+    #: seconds more: once a layer's gathered keys and values outgrow a core's cache, every
+    #: further token is read from further away (:func:`fit_by_kind` looks for the knee).
+    knee_context: int = 0
+    g_knee: float = 0.0
 
     def __post_init__(self):
         for name in _COEFFICIENTS:
@@ -252,6 +258,8 @@ class LinearStepModel(StepModel):
             raise ValueError("bin_edges and bin_costs must have the same length")
         if self.bin_on not in BIN_ON:
             raise ValueError(f"bin_on must be one of {BIN_ON}, got {self.bin_on!r}")
+        if isinstance(self.knee_context, bool) or not isinstance(self.knee_context, int) or self.knee_context < 0:
+            raise ValueError(f"LinearStepModel.knee_context must be an int >= 0, got {self.knee_context!r}")
         self.reset_noise()
 
     @property
@@ -298,13 +306,18 @@ class LinearStepModel(StepModel):
         base = (self.a + self.b_prefill * shape.prefill_tokens + self.c_decode * shape.decode_rows
                 + self.d_context * shape.decode_context + self.e_pairs * shape.prefill_pairs
                 + self.f_chunks * shape.prefill_seqs)
+        if self.g_knee:
+            base += self.g_knee * max(shape.decode_context - self.knee_context, 0)
         if self.bin_edges:
             base += self._bin(shape.decode_rows if self.bin_on == "decode_rows"
                               else shape.prefill_tokens + shape.decode_rows)
         return self._jitter(base) if self.noise else base
 
     def decode_lines(self, rows):
-        return [(self.a + self.c_decode * rows + (self._bin(rows) if self.bin_edges else 0.0), self.d_context)]
+        a = self.a + self.c_decode * rows + (self._bin(rows) if self.bin_edges else 0.0)
+        if not self.g_knee:
+            return [(a, self.d_context)]
+        return [(a, self.d_context), (a - self.g_knee * self.knee_context, self.d_context + self.g_knee)]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -321,6 +334,8 @@ class LinearStepModel(StepModel):
             what = "decode rows" if self.bin_on == "decode_rows" else "rows"
             text += f", plus by {what} in the step: " + ", ".join(
                 f">={e}: {c * 1e3:+.2f} ms" for e, c in zip(self.bin_edges, self.bin_costs))
+        if self.g_knee:
+            text += f", plus {self.g_knee * 1e9:.2f} ns/context token beyond {self.knee_context}"
         return text
 
 
@@ -487,6 +502,8 @@ class KindStepModel(StepModel):
         d, p = self.decode, self.prefill
         text = (f"decode steps: {d.a * 1e3:.3f} ms + {d.c_decode * 1e6:.2f} us/row + "
                 f"{d.d_context * 1e9:.2f} ns/context token")
+        if d.g_knee:
+            text += f" (+{d.g_knee * 1e9:.2f} beyond {d.knee_context} tokens)"
         if d.bin_edges:
             text += " + by rows: " + ", ".join(f">={e}: {c * 1e3:+.2f} ms"
                                                 for e, c in zip(d.bin_edges, d.bin_costs))
@@ -581,6 +598,30 @@ def _fit_shedding_bins(shapes, y, bins: tuple, keep: int = 0, **kw) -> "LinearSt
             bins = bins[:-1]
 
 
+#: Candidate knees of the decode line (:func:`_fit_decode_line`): these quantiles of the
+#: decode steps' total context; a knee is kept when it cuts the squared error by ``KNEE_GAIN``.
+KNEE_QUANTILES = tuple(np.linspace(0.1, 0.9, 17).round(2))
+KNEE_GAIN = 0.01
+
+
+def _fit_decode_line(shapes, y, bins: tuple) -> "LinearStepModel":
+    """The decode line, with the knee of :data:`KNEE_QUANTILES` that fits best when it cuts the
+    squared error by at least ``KNEE_GAIN`` (``meta["knee_gain"]``: the share it cut)."""
+    def sse(m):
+        return float(sum((m.step_s(s) - t) ** 2 for s, t in zip(shapes, y)))
+    line = _fit_shedding_bins(shapes, y, bins, features=DECODE_FEATURES)
+    base = best = sse(line)
+    context = np.array([s.decode_context for s in shapes], dtype=float)
+    for knee in sorted({int(k) for k in np.quantile(context, KNEE_QUANTILES) if k > 0}):
+        m = _fit_shedding_bins(shapes, y, line.bin_edges, features=DECODE_FEATURES, knee=knee)
+        if m.g_knee > 0 and (e := sse(m)) < best:
+            line, best = m, e
+    if line.g_knee and best > base * (1 - KNEE_GAIN):  # too little gained to tell from noise
+        line = _fit_shedding_bins(shapes, y, line.bin_edges, features=DECODE_FEATURES)
+    line.meta["knee_gain"] = round(1 - best / base, 4) if base > 0 else 0.0
+    return line
+
+
 def _fit_carryover(decode: LinearStepModel, shapes, y) -> tuple[float, float]:
     """``(a, b)``, both >= 0, least squares of the decode steps' excess over ``decode`` on
     ``a + b * after_prompt_tokens`` (``(0, 0)`` without steps)."""
@@ -615,6 +656,11 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     an AMD EPYC a flat +0.3-0.5 ms); with ``min_bin_steps`` such steps, the decode line is
     fitted without them and their excess as ``a + b*those tokens`` (:func:`_fit_carryover`).
 
+    The decode line may bend up once at a knee of total context (:func:`_fit_decode_line`): on
+    an AMD EPYC each token beyond about 1,900 cost 1.8 us more than the 2.2 us before it (about
+    where one layer's keys and values, 512 bytes a token, outgrow a core's 1 MiB L2 cache),
+    and a straight line priced short-context steps 5-16% low (commit ff640ad's runs).
+
     The decode line minimises squared seconds (its steps add up to the measured time). The
     prompt line weighs each step's *relative* error alike (``prompt_weighting``), then is
     scaled so its steps add up to the measured time too (a relative fit alone runs low: on
@@ -640,7 +686,7 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     dshapes = [s for s, d in zip(shapes, plain) if d]
     rows = [s.decode_rows for s in dshapes]
     bins = filled_bins(rows, sorted(int(b) for b in decode_bins), min_bin_steps)
-    decode = _fit_shedding_bins(dshapes, y[plain], bins, features=DECODE_FEATURES)
+    decode = _fit_decode_line(dshapes, y[plain], bins)
     carry = _fit_carryover(decode, [s for s, a in zip(shapes, after) if a], y[after])
     pshapes = [s for s, d in zip(shapes, dec) if not d]
     mixed = sum(1 for s in pshapes if s.decode_rows)
@@ -666,7 +712,7 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
 
 def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
                weighting: str = "time", jitter: bool = False, bins: tuple = (),
-               bin_on: str = "rows") -> LinearStepModel:
+               bin_on: str = "rows", knee: int = 0) -> LinearStepModel:
     """Least squares with every coefficient >= 0 (an exact search over active sets).
 
     ``shapes``: :class:`StepShape` per step; ``durations``: seconds per step.
@@ -679,6 +725,7 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     :class:`LinearStepModel`). ``bins``: row-count bin edges (e.g. ``(2, 4, 8)``);
     each bin gets its own offset, fitted without a sign constraint; ``bin_on``
     says what they count ("rows": prompt tokens + decode rows; "decode_rows").
+    ``knee``: also fit ``g_knee`` (>= 0), a price per decode-context token beyond ``knee``.
     """
     shapes = list(shapes)
     y = np.asarray(durations, dtype=float)
@@ -693,6 +740,10 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     if unknown:
         raise ValueError(f"unknown features {sorted(unknown)}; choose from {FEATURES}")
     X = np.array([s.features() for s in shapes], dtype=float)
+    knee = int(knee)
+    if knee:
+        X = np.hstack([X, np.maximum(X[:, FEATURES.index("decode_context")] - knee, 0.0)[:, None]])
+    nf = X.shape[1]  # the terms with a sign constraint (the bins' offsets follow them)
     bins = tuple(int(b) for b in bins)
     if bin_on not in BIN_ON:
         raise ValueError(f"bin_on must be one of {BIN_ON}, got {bin_on!r}")
@@ -703,7 +754,7 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
         onehot = np.stack([(rows >= lo) & (rows < hi) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
         X = np.hstack([X, onehot.astype(float)])
     nb = len(bins)
-    cols = [i for i, name in enumerate(FEATURES) if name in features or i == 0]
+    cols = [i for i, name in enumerate(FEATURES) if name in features or i == 0] + list(range(len(FEATURES), nf))
     if weighting not in ("time", "relative"):
         raise ValueError(f"weighting must be 'time' or 'relative', got {weighting!r}")
     w = 1.0 / y if weighting == "relative" else np.ones_like(y)
@@ -712,7 +763,7 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     yw = y * w
     best, best_err = None, math.inf
     others = cols[1:]
-    free = list(range(len(FEATURES), len(FEATURES) + nb))  # bin offsets: any sign
+    free = list(range(nf, nf + nb))  # bin offsets: any sign
     for r in range(len(others), -1, -1):
         for subset in itertools.combinations(others, r):
             use = [0, *subset, *free]
@@ -721,7 +772,7 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
                 continue
             err = float(np.sum((Xw[:, use] @ coef - yw) ** 2))
             if err < best_err - 1e-15:
-                full = np.zeros(len(FEATURES) + nb)
+                full = np.zeros(nf + nb)
                 full[use] = coef / scale[use]
                 best, best_err = full, err
     if best is None:
@@ -733,8 +784,9 @@ def fit_linear(shapes, durations, features=FEATURES, meta: dict | None = None,
     noise = tuple(np.quantile(y - pred, np.linspace(0, 1, 201)).tolist()) if jitter else ()
     base = best[:len(FEATURES)]
     a = float(base[0])
-    costs = [float(c) for c in best[len(FEATURES):]]
+    g = float(best[len(FEATURES)]) if knee else 0.0
+    costs = [float(c) for c in best[nf:]]
     if costs and a + min(costs) < 0:  # keep every step's fixed part >= 0
         raise ValueError("the fitted row-count offsets make a step's fixed cost negative; use fewer bins")
     return LinearStepModel(*[float(c) for c in base], meta=info, noise=noise, bin_edges=bins,
-                           bin_costs=tuple(costs), bin_on=bin_on)
+                           bin_costs=tuple(costs), bin_on=bin_on, knee_context=knee if g > 0 else 0, g_knee=g)
