@@ -241,7 +241,7 @@ class LinearStepModel(StepModel):
     #: What the bins count: "rows" (prompt tokens + decode rows) or "decode_rows".
     bin_on: str = "rows"
     #: Each decode-context token beyond ``knee_context`` (the step's total) costs ``g_knee``
-    #: seconds more: once a layer's gathered keys and values outgrow a core's cache, every
+    #: seconds more: past some size the keys and values a step reads outgrow a cache, so each
     #: further token is read from further away (:func:`fit_by_kind` looks for the knee).
     knee_context: int = 0
     g_knee: float = 0.0
@@ -657,9 +657,10 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     fitted without them and their excess as ``a + b*those tokens`` (:func:`_fit_carryover`).
 
     The decode line may bend up once at a knee of total context (:func:`_fit_decode_line`): on
-    an AMD EPYC each token beyond about 1,900 cost 1.8 us more than the 2.2 us before it (about
-    where one layer's keys and values, 512 bytes a token, outgrow a core's 1 MiB L2 cache),
-    and a straight line priced short-context steps 5-16% low (commit ff640ad's runs).
+    an AMD EPYC each token beyond about 1,900 cost 1.7 us more than the 2.2 us before it (a
+    cache outgrown, probably: there one layer's keys and values take about 2 MB in float32),
+    and a straight line priced short-context steps 5-16% low (commit ff640ad's runs; on the
+    Intel Xeon's runs no knee cut the error by ``KNEE_GAIN``).
 
     The decode line minimises squared seconds (its steps add up to the measured time). The
     prompt line weighs each step's *relative* error alike (``prompt_weighting``), then is
