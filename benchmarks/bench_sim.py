@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS_PATH = ROOT / "data" / "sim" / "calibration_runs.json"
 #: Earlier checks sim.json keeps (each check's verdict, clock and runs): every check since the
 #: steady clock came in (and a couple before it), so the chapters can count how often the goal was met.
-HISTORY = 24
+HISTORY = 40
 #: Seconds of a run's steps per window of the within-run wander (sim.md): speed_windows' default.
 WINDOW_S = inspect.signature(check.speed_windows).parameters["window_s"].default
 
