@@ -116,14 +116,20 @@ def reference_of(calibration: dict) -> str | None:
     return meta.get("reference_work") or OLD_REFERENCE
 
 
-def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", repeats: int = 3) -> tuple:
+def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", repeats: int = 3,
+                model_from: Path | None = None) -> tuple:
     """Calibrate (or refit from saved runs), then check every held-out family. Returns
-    ``(result, fit_runs, held_runs)``."""
+    ``(result, fit_runs, held_runs)``. ``model_from`` (with ``runs_from``): predict with that
+    saved step model instead of refitting (the saved runs were timed with its powers; a refit
+    reads the powers again from runs already divided by them, and can land elsewhere)."""
     if runs_from is not None:
         saved = json.loads(Path(runs_from).read_text())
         fit_runs = [cal.EngineRun.from_dict(d) for d in saved["fit"]]
         held_runs = [cal.EngineRun.from_dict(d) for d in saved["held_out"]]
-        model, fit_runs = cal.fit_calibration(fit_runs)
+        if model_from is not None:
+            model = cal.step_model_from_dict(json.loads(Path(model_from).read_text()))
+        else:
+            model, fit_runs = cal.fit_calibration(fit_runs)
         shapes = [s for r in fit_runs for s in r.shapes]
         durs = np.concatenate([r.durations for r in fit_runs])
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
@@ -422,7 +428,9 @@ def markdown(res: dict) -> str:
              f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, load average {m['load_average_1min']} "
              f"(1 min, at the end), Python {m['python']}, torch {m.get('torch')}, numpy {m.get('numpy')}, "
              f"{m['date']}. Written at git commit {res['git_commit']}"
-             + (" (the calibration refitted from saved engine runs)" if res.get("runs_from") else "") + ".", ""]
+             + ((" (predicted again from saved engine runs with the saved step model)" if res.get("model_from")
+                 else " (the calibration refitted from saved engine runs)") if res.get("runs_from") else "")
+             + ".", ""]
     sp = res.get("speed")
     if sp:
         at = sp.get("measured_at")
@@ -452,6 +460,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick-calibration", action="store_true", help="the smaller calibration sweep")
     p.add_argument("--repeats", type=int, default=5, help="engine runs per held-out family (default %(default)s)")
     p.add_argument("--runs-from", default=None, help="refit from saved engine runs instead of measuring")
+    p.add_argument("--model-from", default=None, help="with --runs-from: predict with this saved step model "
+                   "(data/sim/step_model.json) instead of refitting")
     p.add_argument("--clock", default="steady", choices=cal.CLOCKS,
                    help="time engine steps by their CPU time over the machine's level on a virtual clock "
                         "(steady, the default), their CPU time as it came (cpu), or the wall clock")
@@ -464,6 +474,8 @@ def main(argv=None) -> int:
     res: dict = {"git_commit": cal.git_commit()}
     if a.runs_from:
         res["runs_from"] = str(a.runs_from)
+        if a.model_from:
+            res["model_from"] = str(a.model_from)
     if not a.calibration_only:
         n = 20_000 if a.quick else 1_000_000
         print(f"speed: {n:,} requests ...", flush=True)
@@ -476,7 +488,8 @@ def main(argv=None) -> int:
             print(f"no saved runs at {runs_from}; skipping calibration", flush=True)
         else:
             print("calibration ...", flush=True)
-            res["calibration"], fit_runs, held = calibration(a.quick_calibration, runs_from, a.clock, a.repeats)
+            res["calibration"], fit_runs, held = calibration(a.quick_calibration, runs_from, a.clock, a.repeats,
+                                                                Path(a.model_from) if a.model_from else None)
             data_dir = Path(a.data_dir) if a.data_dir else RUNS_PATH.parent
             if runs_from is None:  # a fresh measurement: keep it for the tests and chapters
                 data_dir.mkdir(parents=True, exist_ok=True)

@@ -156,3 +156,24 @@ def test_speed_windows_find_a_wander_within_a_run():
     assert w[0] == pytest.approx(1.0) and w[-1] == pytest.approx(1.2)
     with pytest.raises(ValueError, match="window_s"):
         check.speed_windows(run, model, window_s=0)
+
+
+def test_prediction_is_the_median_over_the_model_scaled_a_little():
+    """One simulation of a finite trace sits on a knife-edge (a p95 of 120 requests is its
+    sixth-largest value); the check predicts with the median over the model scaled by up to
+    1% either way (check.PREDICT_SCALES), so a 0.2% change cannot swing it."""
+    import json as _json
+    from servelab.sim.step_model import step_model_from_dict
+    from servelab.workload import load_trace
+    model = step_model_from_dict(_json.loads((cal.ROOT / "data/sim/step_model.json").read_text()))
+    trace = load_trace(cal.ROOT / "data/sim/traces/long_prompts.jsonl")
+    config = cal.CONFIGS["base"]
+    assert min(check.PREDICT_SCALES) >= 0.99 and max(check.PREDICT_SCALES) <= 1.01
+    assert 1.0 in check.PREDICT_SCALES and len(check.PREDICT_SCALES) % 2 == 1
+    once = [check.predict(trace, model.scaled(x), config, scales=(1.0,)) for x in check.PREDICT_SCALES]
+    ens = check.predict(trace, model, config)
+    for k in cal.METRICS:
+        assert ens[k] == pytest.approx(float(np.median([p[k] for p in once])))
+    # the ensemble moves little when every step moves 0.2%; single simulations can jump
+    nudged = check.predict(trace, model.scaled(1.002), config)
+    assert all(abs(nudged[k] / ens[k] - 1) < 0.05 for k in cal.METRICS)
