@@ -52,7 +52,7 @@ from servelab.sim.fingerprint import engine_fingerprint, machine_key
 from servelab.sim.sweep import random_streams, residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
-__all__ = ["speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
+__all__ = ["check_history", "met_by_cpu", "speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
            "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent", "model_prompt_exponent"]
 
@@ -257,6 +257,39 @@ def _predict_once(trace: Trace, model, config: ReplicaConfig) -> dict:
     tpot = np.sort(sim.tpot[np.isfinite(sim.tpot)])
     return {"ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
             "tpot_p50": percentile(tpot, 50), "tpot_p95": percentile(tpot, 95)}
+
+
+def check_history(result: dict) -> list[dict]:
+    """A check's result (``sim.json``'s ``"calibration"``) and the earlier checks it keeps,
+    newest first, each ``{"worst", "median", "cpu", "clock", "reference", "level_exponent",
+    "prompt_level_exponent", "present"}``. ``present``: the present method (the steady
+    clock's reference work a decode step, prompt work given its own power)."""
+    meta = (result.get("model") or {}).get("meta", {})
+    at = result.get("engine_measured_at") or {}
+    this = {"worst": result.get("held_out_worst"), "median": result.get("held_out_median"),
+            "cpu": (at.get("machine") or {}).get("cpu"), "clock": at.get("clock") or meta.get("clock"),
+            "reference": meta.get("reference_work"), "level_exponent": meta.get("level_exponent"),
+            "prompt_level_exponent": meta.get("prompt_level_exponent")}
+    out = []
+    for h in [this] + list(result.get("history") or []):
+        h = {k: h.get(k) for k in this}
+        h["present"] = (h["clock"] == "steady" and h["reference"] == cal.REFERENCE_NAME
+                        and bool(h["prompt_level_exponent"]))
+        out.append(h)
+    return out
+
+
+def met_by_cpu(checks, goal: dict) -> dict:
+    """``{processor: [checks, checks that met both goals]}`` over ``checks`` (from
+    :func:`check_history`), in the order the processors first appear; an Intel Xeon's long
+    name is shortened, a missing one is "unrecorded"."""
+    out: dict = {}
+    for h in checks:
+        cpu = h.get("cpu") or "unrecorded"
+        tally = out.setdefault("Intel Xeon" if "Xeon" in cpu else cpu, [0, 0])
+        tally[0] += 1
+        tally[1] += int(h["worst"] <= goal["worst"] and h["median"] <= goal["median"])
+    return out
 
 
 def level_probe_trace() -> Trace:
