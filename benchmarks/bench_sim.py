@@ -200,7 +200,8 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
            if hshapes else None,
            "engine_measured_at": {"git_commit": at.get("git_commit"), "machine": at.get("machine"),
                                   "clock": at.get("clock", clock), "engine_tree": at.get("engine_tree")},
-           "repeats": repeats, "goal": {"worst": GOAL_WORST, "median": GOAL_MEDIAN}}
+           "repeats": repeats, "goal": {"worst": GOAL_WORST, "median": GOAL_MEDIAN},
+           "predict_scales": list(check.PREDICT_SCALES)}
     if held_runs and all(cal.step_levels(r) is not None for r in held_runs):
         # the same slope read from the held-out runs' own windows: does the calibration's power carry over?
         res["held_out_level_exponent"] = cal.fit_level_exponent(held_runs, model, kind="decode")
@@ -326,7 +327,9 @@ def calibration_md(c: dict) -> list:
         lines += ["", "### Held-out trace families", "",
                   "Made by `benchmarks/make_sim_traces.py` (committed in `data/sim/traces/`); the calibration "
                   "never ran any of them. Each served by the engine "
-                  f"{held[0]['runs']} time{'s' if held[0]['runs'] > 1 else ''} (a fresh engine each run) and once by the simulator; *measured* is "
+                  f"{held[0]['runs']} time{'s' if held[0]['runs'] > 1 else ''} (a fresh engine each run) and by the simulator (the median of "
+                  f"{len(c.get('predict_scales') or [1])} simulations, every step scaled by "
+                  f"{', '.join(f'{x:g}' for x in c.get('predict_scales') or [1])}); *measured* is "
                   "the median of the runs, *spread* half their range as a share of it (the engine's own "
                   "run-to-run noise), *error* the prediction of the model as calibrated against the measured "
                   "median. After each run the same engine served a *level probe* (the calibration's poisson-mix "
@@ -525,6 +528,7 @@ def main(argv=None) -> int:
                                    "prompt_level_exponent"),
                                "reference": reference_of(was),
                                "decode_knee": ((was.get("model") or {}).get("decode") or {}).get("knee_context"),
+                               "predict_scales": was.get("predict_scales"),
                                "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \
