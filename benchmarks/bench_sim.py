@@ -535,6 +535,11 @@ def main(argv=None) -> int:
                 list(was.get("history") or [])[:HISTORY - 1]
         elif new is not was and was.get("history"):
             new["history"] = list(was["history"])
+        if new is not was and was.get("held_out_worst") is not None and when(new) == when(was):
+            # the same engine runs predicted again: keep what they scored before
+            new["predicted_before"] = [{"worst": was["held_out_worst"], "median": was["held_out_median"],
+                                        "predict_scales": was.get("predict_scales")}] + \
+                list(was.get("predicted_before") or [])
     report = markdown(res)
     write_results(out, "sim", res, report)
     print(report)
