@@ -197,3 +197,4 @@ def test_check_history_marks_the_present_method_and_tallies_by_processor():
     goal = {"worst": 0.15, "median": 0.07}
     assert check.met_by_cpu([h for h in checks if h["present"]], goal) == {"AMD EPYC": [1, 1], "Intel Xeon": [1, 0]}
     assert check.met_by_cpu(checks[3:], goal) == {"unrecorded": [1, 1]}
+    assert check.cpu_label("Intel(R) Xeon(R) Processor") == "Intel Xeon" and check.cpu_label(None) == "unrecorded"

@@ -194,8 +194,7 @@ def _decode_shapes(n=1500, seed=3):
 
 def test_a_planted_knee_in_the_context_price_is_found():
     """Decode steps whose context beyond a total of 1,500 tokens costs 2.5x: the fit finds the
-    knee near it; a straight line through the same steps overprices the short contexts' side
-    a straight line through the same steps underprices the short contexts and overprices the
+    knee near it; a straight line through the same steps underprices the short contexts and overprices the
     middle (the shape the AMD EPYC's decode steps showed: data/sim/calibration_runs.json at
     commit ff640ad)."""
     from servelab.sim.step_model import _fit_decode_line

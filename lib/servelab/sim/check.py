@@ -52,7 +52,7 @@ from servelab.sim.fingerprint import engine_fingerprint, machine_key
 from servelab.sim.sweep import random_streams, residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
-__all__ = ["check_history", "met_by_cpu", "speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
+__all__ = ["check_history", "met_by_cpu", "cpu_label", "speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
            "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent", "model_prompt_exponent"]
 
@@ -282,14 +282,19 @@ def check_history(result: dict) -> list[dict]:
     return out
 
 
+def cpu_label(name: str | None) -> str:
+    """A processor's name as the chapters print it: an Intel Xeon's long name shortened, a
+    missing one "unrecorded"."""
+    name = name or "unrecorded"
+    return "Intel Xeon" if "Xeon" in name else name
+
+
 def met_by_cpu(checks, goal: dict) -> dict:
     """``{processor: [checks, checks that met both goals]}`` over ``checks`` (from
-    :func:`check_history`), in the order the processors first appear; an Intel Xeon's long
-    name is shortened, a missing one is "unrecorded"."""
+    :func:`check_history`), in the order the processors first appear (by :func:`cpu_label`)."""
     out: dict = {}
     for h in checks:
-        cpu = h.get("cpu") or "unrecorded"
-        tally = out.setdefault("Intel Xeon" if "Xeon" in cpu else cpu, [0, 0])
+        tally = out.setdefault(cpu_label(h.get("cpu")), [0, 0])
         tally[0] += 1
         tally[1] += int(h["worst"] <= goal["worst"] and h["median"] <= goal["median"])
     return out

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-__all__ = ["REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
+__all__ = ["PROMPT_EXPONENT_FLOOR", "REFERENCE_ROWS", "REFERENCE_CONTEXT", "REFERENCE_NAME", "REFERENCE_WARM", "LEVEL_WINDOW", "REFERENCE_EVERY", "LEVEL_WINDOW_S", "LEVEL_EXPONENT_RANGE",
            "reference_work", "time_reference", "reference_drift", "step_levels", "relevel", "window_slices", "reference_windows", "is_prompt_step", "prompt_share", "step_exponent", "step_exponents", "fit_prompt_exponent", "piece_of", "exponents_of", "MIN_KIND_STEPS",
            "fit_level_exponent"]
 
@@ -52,6 +52,10 @@ LEVEL_WINDOW_S = 2.0
 
 #: Steps of one kind a window needs for :func:`fit_level_exponent` to read that kind's pace in it.
 MIN_KIND_STEPS = 3
+
+#: The lowest prompt power :func:`fit_prompt_exponent` returns (a fit below it has read
+#: noise; a calibration at it has no measured prompt power).
+PROMPT_EXPONENT_FLOOR = 0.1
 
 #: The range :func:`fit_level_exponent` keeps its answer in (outside it the fit is taken to
 #: have read noise, not the machine).
@@ -322,7 +326,7 @@ def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30,
     spread of the runs' levels about their pieces'; how: "between runs", or "within runs", the
     step-by-step slope, when no piece ran twice at levels apart by ``min_level_sd``). The
     exponent is ``level_exponent`` (no correction) with fewer than ``min_steps`` steps or no
-    spread, and is kept within ``LEVEL_EXPONENT_RANGE`` (its lower end lowered to 0.1)."""
+    spread, and is kept within ``LEVEL_EXPONENT_RANGE`` (its lower end lowered to :data:`PROMPT_EXPONENT_FLOOR`)."""
     terms = [(run.label, t) for run in runs if (t := _prompt_terms(run, model, level_exponent)) is not None]
     pieces: dict = {}
     for label, t in terms:
@@ -344,7 +348,7 @@ def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30,
     if level_sd >= min_level_sd and sum(len(x) for x in xs) >= min_steps:
         x, y, z = (np.concatenate(v) for v in (xs, ys, zs))
         slope = float((z * y).sum() / (z * x).sum())
-        return {"steps": int(len(x)), "exponent": round(min(hi, max(0.1, slope)), 3),
+        return {"steps": int(len(x)), "exponent": round(min(hi, max(PROMPT_EXPONENT_FLOOR, slope)), 3),
                 "r": round(float(np.corrcoef(z, y)[0, 1]), 3), "level_sd": round(level_sd, 3),
                 "how": "between runs"}
     # no piece ran twice at levels apart: the step-by-step slope within each run
@@ -358,4 +362,4 @@ def fit_prompt_exponent(runs, model, level_exponent: float, min_steps: int = 30,
     if len(x) < min_steps or x.std() < 1e-3:
         return dict(out, exponent=float(level_exponent), r=None)
     slope = float((x * y).sum() / (x * x).sum())
-    return dict(out, exponent=round(min(hi, max(0.1, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))
+    return dict(out, exponent=round(min(hi, max(PROMPT_EXPONENT_FLOOR, slope)), 3), r=round(float(np.corrcoef(x, y)[0, 1]), 3))

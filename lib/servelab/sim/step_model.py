@@ -609,15 +609,15 @@ def _fit_decode_line(shapes, y, bins: tuple) -> "LinearStepModel":
     squared error by at least ``KNEE_GAIN`` (``meta["knee_gain"]``: the share it cut)."""
     def sse(m):
         return float(sum((m.step_s(s) - t) ** 2 for s, t in zip(shapes, y)))
-    line = _fit_shedding_bins(shapes, y, bins, features=DECODE_FEATURES)
+    line = straight = _fit_shedding_bins(shapes, y, bins, features=DECODE_FEATURES)
     base = best = sse(line)
     context = np.array([s.decode_context for s in shapes], dtype=float)
     for knee in sorted({int(k) for k in np.quantile(context, KNEE_QUANTILES) if k > 0}):
         m = _fit_shedding_bins(shapes, y, line.bin_edges, features=DECODE_FEATURES, knee=knee)
         if m.g_knee > 0 and (e := sse(m)) < best:
             line, best = m, e
-    if line.g_knee and best > base * (1 - KNEE_GAIN):  # too little gained to tell from noise
-        line = _fit_shedding_bins(shapes, y, line.bin_edges, features=DECODE_FEATURES)
+    if best > base * (1 - KNEE_GAIN):  # too little gained to tell from noise
+        line = straight
     line.meta["knee_gain"] = round(1 - best / base, 4) if base > 0 else 0.0
     return line
 
