@@ -176,6 +176,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
                      **{f"error_{k}": round(v, 4) for k, v in c.errors.items()},
                      **{f"spread_{k}": round(v, 4) for k, v in c.spread.items()},
                      **{f"measured_{k}": round(v, 6) for k, v in c.measured.items()},
+                     **{f"median_noise_{k}": round(v, 4) for k, v in c.median_noise.items()},
                      **{f"predicted_{k}": round(v, 6) for k, v in c.predicted.items()},
                      "worst": round(c.worst, 4), "worst_spread": round(c.worst_spread, 4),
                      **({f"relevelled_{k}": round(v, 4) for k, v in c.errors_relevelled.items()}
@@ -211,6 +212,10 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
     if errs:
         res["held_out_worst"] = round(max(errs), 4)
         res["held_out_median"] = round(float(np.median(errs)), 4)
+    if checks and len(checks[0].runs) > 1:
+        # the judge's own noise: what a perfect simulator would score against these medians
+        res["noise_floor"] = {k: (round(v, 4) if v is not None else None)
+                              for k, v in check.noise_floor(checks, GOAL_WORST).items()}
     for key in ("relevelled", "own_fit"):
         e = [abs(r[f"{key}_{k}"]) for r in rows if r["set"] == "held-out" for k in cal.METRICS if f"{key}_{k}" in r]
         if e:
@@ -367,6 +372,15 @@ def calibration_md(c: dict) -> list:
                          f"{c['held_out_own_fit_worst']:.1%} and median {c['held_out_own_fit_median']:.1%}")
         if extra:
             lines[-1] += " Beside it: " + "; ".join(extra) + "."
+        nf = c.get("noise_floor")
+        if nf:
+            lines += ["", f"The judge's own noise: a measured median of {c['repeats']} runs is itself uncertain "
+                      f"(standard error sqrt(pi/2) times the runs' standard deviation over sqrt({c['repeats']})). "
+                      f"A perfect simulator, judged against these medians, would show a worst error of "
+                      f"{nf['expected_worst']:.1%} on average (90th percentile {nf['worst_p90']:.1%}) and a median "
+                      f"of {nf['expected_median']:.1%}; its worst error would exceed the goal's "
+                      f"{GOAL_WORST:.0%} in {nf['p_over_goal']:.0%} of checks like this one "
+                      f"(`servelab.sim.check.noise_floor`, normal draws about each median)."]
         wander = [(r["workload"], r["wander_p10_p50_p90"]) for r in held if r.get("wander_p10_p50_p90")]
         if wander:
             lines += ["", f"How the machine's speed wandered within a run: over windows of {WINDOW_S:g} s of a run's "

@@ -97,6 +97,32 @@ def test_spread_check_reports_each_error_beside_the_spread():
         check.check_trace(None, None, repeats=0)
 
 
+def test_noise_floor_is_what_a_perfect_simulator_scores_against_noisy_medians():
+    rng = np.random.default_rng(3)
+    truth = {"ttft_p50": 0.1, "ttft_p95": 0.3, "tpot_p50": 0.01, "tpot_p95": 0.02}
+    sd = {"ttft_p50": 0.02, "ttft_p95": 0.10, "tpot_p50": 0.03, "tpot_p95": 0.15}  # relative, per run
+
+    def noisy_check(n):
+        runs = [{k: v * (1 + sd[k] * rng.normal()) for k, v in truth.items()} for _ in range(n)]
+        return check.SpreadCheck("t", runs, dict(truth))
+    # the standard error follows the runs' spread and shrinks with more of them
+    se = np.mean([noisy_check(5).median_noise["tpot_p95"] for _ in range(300)])
+    assert se == pytest.approx(np.sqrt(np.pi / 2) * 0.15 / np.sqrt(5), rel=0.15)
+    assert np.mean([noisy_check(20).median_noise["tpot_p95"] for _ in range(300)]) < se * 0.6
+    # a perfect prediction's worst error over six families, measured, is about what noise_floor
+    # expects of it from each check's own runs
+    trials = [[noisy_check(5) for _ in range(6)] for _ in range(150)]
+    actual = np.mean([max(c.worst for c in checks) for checks in trials])
+    expected = np.mean([check.noise_floor(checks, draws=2000)["expected_worst"] for checks in trials])
+    assert expected == pytest.approx(actual, rel=0.2)
+    floor = check.noise_floor(trials[0], goal_worst=0.15)
+    assert floor["worst_p90"] > floor["expected_worst"] > floor["expected_median"] > 0
+    assert 0 < floor["p_over_goal"] < 1 and check.noise_floor(trials[0])["p_over_goal"] is None
+    assert check.SpreadCheck("one", [truth], truth).median_noise == {k: 0.0 for k in truth}
+    with pytest.raises(ValueError, match="at least one check"):
+        check.noise_floor([])
+
+
 def test_residuals_by_decode_groups_when_the_runs_recorded_them():
     model = LinearStepModel(a=0.004, c_decode=1e-4)
     shapes = [StepShape(0, 8, 800)] * 20 + [StepShape(64, 0, 0, 2080.0, 1, 64)] * 5

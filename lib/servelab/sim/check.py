@@ -52,7 +52,7 @@ from servelab.sim.fingerprint import engine_fingerprint, machine_key
 from servelab.sim.sweep import random_streams, residuals_by_feature, sweep_traces
 from servelab.workload import Trace, percentile
 
-__all__ = ["check_history", "met_by_cpu", "cpu_label", "speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
+__all__ = ["noise_floor", "check_history", "met_by_cpu", "cpu_label", "speed_windows", "model_clock", "calibrate_here", "step_model_here", "cache_path", "check_trace", "SpreadCheck", "model_tag",
            "stale_reasons", "run_groups", "predict", "save_check", "CACHE_ENV", "level_probe_trace",
            "machine_level", "spread_check", "serve_once", "QUICK_ROUNDS", "model_level_exponent", "model_prompt_exponent"]
 
@@ -180,6 +180,17 @@ class SpreadCheck:
         return {k: float((max(r[k] for r in self.runs) - min(r[k] for r in self.runs)) / 2 / m[k]) for k in METRICS}
 
     @property
+    def median_noise(self) -> dict:
+        """Per metric, the standard error of the measured median as a share of it: sqrt(pi/2)
+        times the runs' standard deviation over sqrt(runs) (the large-sample rule for the median
+        of normal draws); 0 with one run."""
+        m, n = self.measured, len(self.runs)
+        if n < 2:
+            return {k: 0.0 for k in METRICS}
+        return {k: float(np.sqrt(np.pi / 2) * np.std([r[k] for r in self.runs], ddof=1) / np.sqrt(n) / m[k])
+                for k in METRICS}
+
+    @property
     def errors(self) -> dict:
         m = self.measured
         return {k: (self.predicted[k] - m[k]) / m[k] for k in METRICS}
@@ -228,9 +239,26 @@ class SpreadCheck:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "runs": self.runs, "predicted": self.predicted, "measured": self.measured,
-                "spread": self.spread, "errors": self.errors, "worst": self.worst, "info": self.info,
+                "spread": self.spread, "median_noise": self.median_noise, "errors": self.errors, "worst": self.worst, "info": self.info,
                 "relevelled": self.relevelled, "errors_relevelled": self.errors_relevelled,
                 "own_fit": self.own_fit, "own_fit_errors": self.own_fit_errors}
+
+
+def noise_floor(checks, goal_worst: float | None = None, draws: int = 20_000, seed: int = 0) -> dict:
+    """What a *perfect* simulator would score against ``checks``' measured medians from the
+    engine runs' noise alone: each percentile's median drawn ``draws`` times as normal about
+    the truth with its :attr:`SpreadCheck.median_noise`. ``{"expected_worst", "worst_p90",
+    "expected_median", "p_over_goal"}`` (the chance the worst error over all percentiles
+    exceeds ``goal_worst``; None without one). The judge's own noise: a worst error near
+    ``expected_worst`` is as good as the measurement can tell."""
+    sds = np.array([v for c in checks for v in c.median_noise.values()])
+    if sds.size == 0:
+        raise ValueError("noise_floor needs at least one check")
+    z = np.abs(np.random.default_rng(seed).normal(size=(draws, sds.size)) * sds)
+    worst = z.max(axis=1)
+    return {"expected_worst": float(worst.mean()), "worst_p90": float(np.quantile(worst, 0.9)),
+            "expected_median": float(np.median(z, axis=1).mean()),
+            "p_over_goal": None if goal_worst is None else float((worst > goal_worst).mean())}
 
 
 #: Scales of the step model whose predictions :func:`predict` takes the median of. One
