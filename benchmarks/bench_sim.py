@@ -164,6 +164,8 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         c.info["machine_levels"] = _deciles([x for r in mine for x in (r.info.get("levels") or [])])
         print(c.table(), flush=True)
         checks.append(c)
+    # the trace each family's runs served (saved runs keep theirs: the families have grown since)
+    c_trace = {c.label: next(r.trace for r in held_runs if cal.piece_of(r.label) == c.label) for c in checks}
     rows = []
     for r in fit_runs:
         cmp_ = cal.compare(r, model)
@@ -183,7 +185,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
                         if c.relevelled else {}),
                      **({f"own_fit_{k}": round(v, 4) for k, v in c.own_fit_errors.items()} if c.own_fit else {}),
                      "levels": c.info.get("levels"),
-                     "sensitivity_5pct": _sensitivity(traces[c.label], model),
+                     "sensitivity_5pct": _sensitivity(c_trace[c.label], model),
                      "load_average_1min": c.info.get("load_average_1min"),
                      "wander_p10_p50_p90": c.info.get("wander"),
                      "machine_level_p10_p50_p90": c.info.get("machine_levels"),
@@ -426,10 +428,12 @@ def calibration_md(c: dict) -> list:
                   + (f" with the level to the power {h['level_exponent']:.2f}" if h.get("level_exponent") else "")
                   + (f" (prompt work {h['prompt_level_exponent']:.2f})" if h.get("prompt_level_exponent") else "")
                   + (f", {h['runs']} engine runs a family" if h.get("runs") else "")
+                  + (f" of {min(h['requests'])}-{max(h['requests'])} requests" if h.get("requests") else "")
                   + (f", on an {h['cpu']}" if h.get("cpu") else "")
                   + f"): worst held-out "
                   f"error {h['worst']:.1%}, median {h['median']:.1%}"
                   + (f", engine spread up to ±{h['worst_spread']:.1%}" if h.get("worst_spread") is not None else "")
+                  + (f", a perfect simulator's expected worst {h['noise_floor']:.1%}" if h.get("noise_floor") else "")
                   + f", under load averages of {h['loads']}."]
     lines += ["", "Rerun: `python benchmarks/bench_sim.py --calibration-only` (the full sweep; "
               "`--quick-calibration` for the smaller one `python -m servelab.sim calibrate --quick` runs); "
@@ -544,6 +548,8 @@ def main(argv=None) -> int:
                                "decode_knee": ((was.get("model") or {}).get("decode") or {}).get("knee_context"),
                                "predict_scales": was.get("predict_scales"),
                                "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
+                               "requests": [r.get("requests") for r in was["rows"] if r["set"] == "held-out"],
+                               "noise_floor": (was.get("noise_floor") or {}).get("expected_worst"),
                                "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
                                                     and r.get("worst_spread") is not None), default=None)}] + \
                 list(was.get("history") or [])[:HISTORY - 1]

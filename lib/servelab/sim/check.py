@@ -291,16 +291,22 @@ def _predict_once(trace: Trace, model, config: ReplicaConfig) -> dict:
 def check_history(result: dict) -> list[dict]:
     """A check's result (``sim.json``'s ``"calibration"``) and the earlier checks it keeps,
     newest first, each ``{"worst", "median", "cpu", "clock", "reference", "level_exponent",
-    "prompt_level_exponent", "predict_scales", "present"}``. ``present``: the present method
-    (the steady clock's reference work a decode step, prompt work given its own power);
-    ``predict_scales``: None for a check predicted with one simulation."""
+    "prompt_level_exponent", "predict_scales", "requests", "noise_floor", "present"}``.
+    ``present``: the present method (the steady clock's reference work a decode step, prompt
+    work given its own power); ``predict_scales``: None for a check predicted with one
+    simulation; ``requests``: each family's trace length (None or [] where not recorded: the
+    checks before the families grew, of 60-200 requests); ``noise_floor``: the expected worst
+    error of a perfect simulator against that check's medians (:func:`noise_floor`), where
+    recorded."""
     meta = (result.get("model") or {}).get("meta", {})
     at = result.get("engine_measured_at") or {}
     this = {"worst": result.get("held_out_worst"), "median": result.get("held_out_median"),
             "cpu": (at.get("machine") or {}).get("cpu"), "clock": at.get("clock") or meta.get("clock"),
             "reference": meta.get("reference_work"), "level_exponent": meta.get("level_exponent"),
             "prompt_level_exponent": meta.get("prompt_level_exponent"),
-            "predict_scales": result.get("predict_scales")}
+            "predict_scales": result.get("predict_scales"),
+            "requests": [r.get("requests") for r in result.get("rows") or [] if r.get("set") == "held-out"],
+            "noise_floor": (result.get("noise_floor") or {}).get("expected_worst")}
     out = []
     for h in [this] + list(result.get("history") or []):
         h = {k: h.get(k) for k in this}
