@@ -135,7 +135,7 @@ def calibration(quick_cal: bool, runs_from: Path | None, clock: str = "steady", 
         model.meta.update({k: v for k, v in (saved.get("model_meta") or {}).items()
                            if k in ("engine_fingerprint", "machine_key", "model", "calibration", "seconds",
                                     "cpu_seconds", "load_average_1min", "clock", "reference_base_s",
-                                    "reference_work")})
+                                    "reference_work", "reference_warm", "reference_every")})
         model.meta["residuals_by_feature"] = residuals_by_feature(model, shapes, durs,
                                                                  decode_groups=check.run_groups(fit_runs))
     else:
@@ -247,6 +247,8 @@ def calibration_md(c: dict) -> list:
     at = c.get("engine_measured_at") or {}
     am = at.get("machine") or {}
     meta = (c.get("model") or {}).get("meta") or {}
+    # how the reference was timed: as recorded (a calibration before these were kept: 1 and 10)
+    warm, every = meta.get("reference_warm", 1), meta.get("reference_every", 10)
     held = [r for r in c["rows"] if r["set"] == "held-out"]
     fit = [r for r in c["rows"] if r["set"] == "fit"]
     loads = [r.get("load_average_1min") for r in held if r.get("load_average_1min") is not None]
@@ -255,8 +257,8 @@ def calibration_md(c: dict) -> list:
              f"{am.get('cpu')} ({am.get('logical_cpus')} logical CPUs, {am.get('date')}), one thread, each step "
              + ("timed by the CPU time its thread used, divided by the machine's level then (the *steady clock*: "
                 f"a fixed piece of work, a decode step of {cal.REFERENCE_ROWS} rows at {cal.REFERENCE_CONTEXT} "
-                f"cached tokens through the whole model on a cache of its own, after {cal.REFERENCE_WARM} untimed "
-                f"pass{'es' if cal.REFERENCE_WARM != 1 else ''}, is timed every {cal.REFERENCE_EVERY} steps, and the level is the median of the latest "
+                f"cached tokens through the whole model on a cache of its own, after {warm} untimed "
+                f"pass{'es' if warm != 1 else ''}, is timed every {every} steps, and the level is the median of the latest "
                 f"{cal.LEVEL_WINDOW} timings over its time at the "
                 f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms"
                 + (f"; each decode step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
@@ -405,7 +407,7 @@ def calibration_md(c: dict) -> list:
     if held and any(r.get("speed_vs_calibration") for r in held):
         lines += ["", f"A fixed piece of work (a decode step of {cal.REFERENCE_ROWS} rows at {cal.REFERENCE_CONTEXT} "
                   f"cached tokens through the whole model, on a cache of its own, timed every "
-                  f"{cal.REFERENCE_EVERY} steps after untimed passes, off the engine's clock) took, over its "
+                  f"{every} steps after untimed passes, off the engine's clock) took, over its "
                   "calibration time: "
                   + ", ".join(f"{r['workload']} {r['speed_vs_calibration']:.2f}x" for r in held
                               if r.get("speed_vs_calibration") is not None)
@@ -473,6 +475,25 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def history_entry(was: dict) -> dict:
+    """An earlier check's line in ``sim.json``'s history, from its ``"calibration"`` result."""
+    at = was.get("engine_measured_at") or {}
+    meta = (was.get("model") or {}).get("meta", {})
+    held = [r for r in was["rows"] if r["set"] == "held-out"]
+    loads = [r.get("load_average_1min") for r in held if r.get("load_average_1min") is not None]
+    return {"when": (at.get("machine") or {}).get("date"), "git_commit": at.get("git_commit"),
+            "cpu": (at.get("machine") or {}).get("cpu"), "what": meta.get("calibration", "sweep"),
+            "worst": was["held_out_worst"], "median": was["held_out_median"],
+            "loads": _span(loads) if loads else "not recorded", "clock": at.get("clock") or "cpu",
+            "level_exponent": meta.get("level_exponent"), "prompt_level_exponent": meta.get("prompt_level_exponent"),
+            "reference": reference_of(was), "reference_warm": meta.get("reference_warm"),
+            "decode_knee": ((was.get("model") or {}).get("decode") or {}).get("knee_context"),
+            "predict_scales": was.get("predict_scales"),
+            "runs": next((r.get("runs") for r in held), None), "requests": [r.get("requests") for r in held],
+            "noise_floor": (was.get("noise_floor") or {}).get("expected_worst"),
+            "worst_spread": max((r["worst_spread"] for r in held if r.get("worst_spread") is not None), default=None)}
+
+
 def main(argv=None) -> int:
     p = parser(__doc__, quick_help="seconds: small speed run, calibration refitted from saved runs", out_default=RESULTS,
                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -532,26 +553,7 @@ def main(argv=None) -> int:
             return ((x.get("engine_measured_at") or {}).get("machine") or {}).get("date")
         # a refit from the same engine runs is the same measurement: not an earlier one
         if new is not was and was.get("held_out_worst") is not None and "goal" in was and when(new) != when(was):
-            at = was.get("engine_measured_at") or {}
-            loads = [r.get("load_average_1min") for r in was["rows"] if r["set"] == "held-out"
-                     and r.get("load_average_1min") is not None]
-            new["history"] = [{"when": (at.get("machine") or {}).get("date"), "git_commit": at.get("git_commit"),
-                               "cpu": (at.get("machine") or {}).get("cpu"),
-                               "what": (was.get("model") or {}).get("meta", {}).get("calibration", "sweep"),
-                               "worst": was["held_out_worst"], "median": was["held_out_median"],
-                               "loads": _span(loads) if loads else "not recorded",
-                               "clock": at.get("clock") or "cpu",
-                               "level_exponent": (was.get("model") or {}).get("meta", {}).get("level_exponent"),
-                               "prompt_level_exponent": (was.get("model") or {}).get("meta", {}).get(
-                                   "prompt_level_exponent"),
-                               "reference": reference_of(was),
-                               "decode_knee": ((was.get("model") or {}).get("decode") or {}).get("knee_context"),
-                               "predict_scales": was.get("predict_scales"),
-                               "runs": next((r.get("runs") for r in was["rows"] if r["set"] == "held-out"), None),
-                               "requests": [r.get("requests") for r in was["rows"] if r["set"] == "held-out"],
-                               "noise_floor": (was.get("noise_floor") or {}).get("expected_worst"),
-                               "worst_spread": max((r["worst_spread"] for r in was["rows"] if r["set"] == "held-out"
-                                                    and r.get("worst_spread") is not None), default=None)}] + \
+            new["history"] = [history_entry(was)] + \
                 list(was.get("history") or [])[:HISTORY - 1]
         elif new is not was and was.get("history"):
             new["history"] = list(was["history"])

@@ -30,7 +30,7 @@ def _steady_run(power: float, *, exponent_used: float = 1.0, steps: int = 3000, 
     after = np.arange(9, steps, 10)  # the step each timing followed
     refs = 1.5e-3 * level[after] * np.exp(reading_noise * rng.standard_normal(len(after)))
     info = {"clock": "steady", "step_levels": level.tolist(), "level_exponent": exponent_used,
-            "levels": level[::10].tolist(), "reference_s": refs.tolist()}
+            "levels": level[::10].tolist(), "reference_s": refs.tolist(), "reference_every": 10}
     z = np.zeros(0)
     return cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, label, info)
 
@@ -195,7 +195,7 @@ def test_prompt_work_gets_its_own_power_by_its_share_of_the_step():
         durations = np.array([true.step_s(s) for s in shapes]) * level ** power / level  # divided at power 1
         refs = 5e-3 * level[np.arange(9, len(shapes), 10)]
         info = {"clock": "steady", "step_levels": level.tolist(), "level_exponent": 1.0,
-                "reference_s": refs.tolist()}
+                "reference_s": refs.tolist(), "reference_every": 10}
         z = np.zeros(0)
         runs.append(cal.EngineRun(None, cal.CONFIGS["base"], shapes, durations, z, z, z, f"r{k}", info))
     share = [cal.prompt_share(true, s) for s in runs[0].shapes]

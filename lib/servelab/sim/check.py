@@ -111,7 +111,8 @@ def calibrate_here(quick: bool = True, model_dir=None, clock: str = "steady", sa
         seconds=round(time.perf_counter() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         load_average_1min=round(os.getloadavg()[0], 2), clock=clock,
-        **({"reference_base_s": base, "reference_work": cal.REFERENCE_NAME} if base is not None else {}),
+        **({"reference_base_s": base, "reference_work": cal.REFERENCE_NAME, "reference_warm": cal.REFERENCE_WARM,
+            "reference_every": cal.REFERENCE_EVERY} if base is not None else {}),
         residuals_by_feature=residuals_by_feature(model, shapes, durs, decode_groups=run_groups(runs)))
     return model, runs
 
@@ -291,10 +292,12 @@ def _predict_once(trace: Trace, model, config: ReplicaConfig) -> dict:
 def check_history(result: dict) -> list[dict]:
     """A check's result (``sim.json``'s ``"calibration"``) and the earlier checks it keeps,
     newest first, each ``{"worst", "median", "cpu", "clock", "reference", "level_exponent",
-    "prompt_level_exponent", "predict_scales", "requests", "noise_floor", "present"}``.
+    "prompt_level_exponent", "predict_scales", "reference_warm", "requests", "noise_floor",
+    "present"}``.
     ``present``: the present method (the steady clock's reference work a decode step, prompt
     work given its own power); ``predict_scales``: None for a check predicted with one
-    simulation; ``requests``: each family's trace length (None or [] where not recorded: the
+    simulation; ``reference_warm``: the untimed passes before each reference timing (None
+    where not recorded: 1, until December 2026); ``requests``: each family's trace length (None or [] where not recorded: the
     checks before the families grew, of 60-200 requests); ``noise_floor``: the expected worst
     error of a perfect simulator against that check's medians (:func:`noise_floor`), where
     recorded."""
@@ -305,6 +308,7 @@ def check_history(result: dict) -> list[dict]:
             "reference": meta.get("reference_work"), "level_exponent": meta.get("level_exponent"),
             "prompt_level_exponent": meta.get("prompt_level_exponent"),
             "predict_scales": result.get("predict_scales"),
+            "reference_warm": meta.get("reference_warm"),
             "requests": [r.get("requests") for r in result.get("rows") or [] if r.get("set") == "held-out"],
             "noise_floor": (result.get("noise_floor") or {}).get("expected_worst")}
     out = []
