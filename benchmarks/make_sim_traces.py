@@ -16,6 +16,15 @@ for a seat on any machine within 2x of that one's speed. At the knee itself (arr
 equal to capacity) a queue's length swings with a few percent of step time (the
 earlier 60/s family: a 5% slower step model moved TTFT p50 by +119% in one check),
 so no step model could be judged there.
+
+Lengths: 360 requests a family (overload 400, long answers 180), three times what
+they were until the 2026-12-02 checks. A measured percentile is the median of a
+few engine runs, and at 120 requests (a p95 is about the sixth-largest value) that
+median was itself uncertain: a perfect simulator judged against it would have
+shown a worst error of about 8-18% over the 24 percentiles, on the spreads of the
+earlier checks (:func:`servelab.sim.check.noise_floor`), against a goal of 15%.
+Quantiles of three times the requests are steadier, for the engine's runs and
+the simulator's alike; a check takes longer.
 """
 from __future__ import annotations
 
@@ -35,18 +44,18 @@ LONG_ANSWERS = dict(prompt=LogNormal(32, 0.5, 8, 200), output=Exponential(160, 7
 #: name -> (what it is, synthetic()'s arguments)
 FAMILIES = {
     "bursts": ("short requests in bursts (gamma gaps, coefficient of variation 4), half busy on average",
-               dict(n=120, rate=5.0, arrival="gamma", cv=4.0, seed=101, **SHORT)),
+               dict(n=360, rate=5.0, arrival="gamma", cv=4.0, seed=101, **SHORT)),
     "long prompts": ("a fifth of the prompts 400-700 tokens, the rest short; Poisson arrivals",
-                     dict(n=120, rate=5.5, seed=102, **LONG_PROMPTS)),
+                     dict(n=360, rate=5.5, seed=102, **LONG_PROMPTS)),
     "shared prefixes": ("a third of the requests open with the same 384-token prefix; Poisson arrivals",
-                        dict(n=120, rate=5.0, seed=103, prefix_groups=1, prefix_tokens=384, prefix_share=0.33,
+                        dict(n=360, rate=5.0, seed=103, prefix_groups=1, prefix_tokens=384, prefix_share=0.33,
                              **SHORT)),
     "overload": ("short requests arriving at well over twice the rate a full replica serves: a queue forms "
-                 "for seats", dict(n=200, rate=160.0, seed=104, **SHORT)),
+                 "for seats", dict(n=400, rate=160.0, seed=104, **SHORT)),
     "long answers": ("short prompts, answers averaging 160 tokens: many streams with long contexts at once",
-                     dict(n=60, rate=1.5, seed=105, **LONG_ANSWERS)),
+                     dict(n=180, rate=1.5, seed=105, **LONG_ANSWERS)),
     "bursty mix": ("bursts (cv 3), a fifth of prompts 400-700 tokens, a third sharing a 256-token prefix",
-                   dict(n=120, rate=4.5, arrival="gamma", cv=3.0, seed=106, prefix_groups=1, prefix_tokens=256,
+                   dict(n=360, rate=4.5, arrival="gamma", cv=3.0, seed=106, prefix_groups=1, prefix_tokens=256,
                         prefix_share=0.33, **LONG_PROMPTS)),
 }
 

@@ -36,15 +36,21 @@ REFERENCE_CONTEXT = 128
 REFERENCE_NAME = f"a decode step ({REFERENCE_ROWS} rows, {REFERENCE_CONTEXT} cached tokens)"
 
 #: Untimed passes of the reference work before the timed one, so it reads the machine and
-#: not the step before it (right after a many-row step a small piece of work runs slow for a
-#: few milliseconds; one pass of this one lasts about that long).
-REFERENCE_WARM = 1
+#: not the steps before it. Right after the engine's many-row steps the reference runs slow
+#: for several passes: on a 2-vCPU Xeon, after 32-row steps, its 1st to 6th passes took
+#: about 5.2, 4.8, 4.3, 3.9, 3.5 and 3.4 ms against 2.9-3.1 ms when warm, so with one
+#: untimed pass (until December 2026) the overload family's level read 1.26-1.42 while a
+#: probe after it read the machine at 1.01-1.02, and those steps were divided by a slowdown
+#: that was the engine's own state, not the machine's (held out, its 24+-row steps came out
+#: at 0.91 of their price). With 8 the overload trace read 1.01 (15 readings).
+REFERENCE_WARM = 8
 
 #: References whose median sets the steady clock's current level (the latest ones).
 LEVEL_WINDOW = 3
 
-#: Steps between timings of the reference work (:func:`run_engine`'s default).
-REFERENCE_EVERY = 10
+#: Steps between timings of the reference work (:func:`run_engine`'s default): 30 (10 until
+#: the warm-up grew to 8 passes, which would have added half to a long-answers run's time).
+REFERENCE_EVERY = 30
 
 #: Windows of this many seconds (of a run's own steps) in which :func:`fit_level_exponent`
 #: compares the steps' pace with the machine's level.
@@ -117,7 +123,7 @@ def reference_drift(run, min_count: int = 8) -> float | None:
 def step_levels(run) -> np.ndarray | None:
     """The machine's level each of ``run``'s steps was divided by on the steady clock (None
     for another clock). Runs recorded before ``info["step_levels"]`` existed: rebuilt from
-    the level after each reference timing (every ``REFERENCE_EVERY`` steps), the first
+    the level after each reference timing (every ``info["reference_every"]`` steps), the first
     steps taking the first one."""
     info = run.info or {}
     if info.get("clock") != "steady":
@@ -127,7 +133,8 @@ def step_levels(run) -> np.ndarray | None:
     levels = info.get("levels") or []
     if not levels:
         return None
-    j = np.clip(np.arange(len(run.shapes)) // REFERENCE_EVERY - 1, 0, len(levels) - 1)
+    every = int(info.get("reference_every", 10))  # 10: the default when runs did not record it
+    j = np.clip(np.arange(len(run.shapes)) // every - 1, 0, len(levels) - 1)
     return np.asarray(levels, dtype=float)[j]
 
 
