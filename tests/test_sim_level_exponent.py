@@ -100,6 +100,24 @@ def test_step_levels_rebuilt_for_runs_recorded_before_they_were_kept():
     got = cal.step_levels(run)
     assert got[:20].tolist() == [1.1] * 20 and got[20:30].tolist() == [1.2] * 10
     assert got[30:].tolist() == [1.3] * 5 and len(levels) == 35
+    # a run timed its reference every 30 steps: the levels land 30 steps apart
+    run.info["reference_every"] = 30
+    run.info["levels"] = [1.1, 1.2]
+    wide = cal.step_levels(cal.EngineRun(None, run.config, run.shapes * 2, np.concatenate(
+        [run.durations] * 2), run.ttft, run.tpot, run.e2e, "w", run.info))
+    assert wide[:60].tolist() == [1.1] * 60 and wide[60:].tolist() == [1.2] * 10
+
+
+def test_the_reference_is_warmed_before_each_timing():
+    """Right after the engine's big steps the reference runs slow for several passes
+    (steady.AFTER_BIG_STEPS_MS); each timing follows REFERENCE_WARM untimed ones."""
+    calls = []
+    assert cal.time_reference(lambda: calls.append(1)) >= 0
+    assert len(calls) == cal.REFERENCE_WARM + 1
+    from servelab.sim import steady
+    passes_to_settle = next(i for i, ms in enumerate(steady.AFTER_BIG_STEPS_MS)
+                            if ms <= 1.2 * max(steady.WARM_MS))
+    assert cal.REFERENCE_WARM >= passes_to_settle
 
 
 def test_calibration_fit_divides_the_wander_out_and_records_the_exponent():

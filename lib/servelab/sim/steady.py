@@ -45,6 +45,14 @@ REFERENCE_NAME = f"a decode step ({REFERENCE_ROWS} rows, {REFERENCE_CONTEXT} cac
 #: at 0.91 of their price). With 8 the overload trace read 1.01 (15 readings).
 REFERENCE_WARM = 8
 
+#: The evidence for ``REFERENCE_WARM``, measured by hand on a 2-vCPU Xeon (December 2026):
+#: the reference's first passes right after the engine's 32-row steps, and its time when
+#: warm, in ms; and the overload family's level read with one untimed pass (10th-90th
+#: percentile) while the level probe after each run read 1.01-1.02.
+AFTER_BIG_STEPS_MS = (5.2, 4.8, 4.3, 3.9, 3.5, 3.4)
+WARM_MS = (2.9, 3.1)
+OVERLOAD_LEVEL_ONE_PASS = (1.22, 1.50)
+
 #: References whose median sets the steady clock's current level (the latest ones).
 LEVEL_WINDOW = 3
 
