@@ -22,7 +22,7 @@ they were until the 2026-12-02 checks. A measured percentile is the median of a
 few engine runs, and at 120 requests (a p95 is about the sixth-largest value) that
 median was itself uncertain: a perfect simulator judged against it would have
 shown a worst error of about 8-18% over the 24 percentiles, on the spreads of the
-earlier checks (:func:`servelab.sim.check.noise_floor`), against a goal of 15%.
+earlier checks (`benchmarks/sim_noise_floors.py`), against a goal of 15%.
 Quantiles of three times the requests are steadier, for the engine's runs and
 the simulator's alike; a check takes longer.
 """

@@ -36,19 +36,16 @@ REFERENCE_CONTEXT = 128
 REFERENCE_NAME = f"a decode step ({REFERENCE_ROWS} rows, {REFERENCE_CONTEXT} cached tokens)"
 
 #: Untimed passes of the reference work before the timed one, so it reads the machine and
-#: not the steps before it. Right after the engine's many-row steps the reference runs slow
-#: for several passes: on a 2-vCPU Xeon, after 32-row steps, its 1st to 6th passes took
-#: about 5.2, 4.8, 4.3, 3.9, 3.5 and 3.4 ms against 2.9-3.1 ms when warm, so with one
-#: untimed pass (until December 2026) the overload family's level read 1.26-1.42 while a
-#: probe after it read the machine at 1.01-1.02, and those steps were divided by a slowdown
-#: that was the engine's own state, not the machine's (held out, its 24+-row steps came out
-#: at 0.91 of their price). With 8 the overload trace read 1.01 (15 readings).
+#: not the steps before it: right after the engine's many-row steps the reference runs slow
+#: for several passes (:data:`AFTER_BIG_STEPS_MS`). With one (until December 2026) the
+#: overload family's level read :data:`OVERLOAD_LEVEL_ONE_PASS` while a probe after each run
+#: read the machine at 1.01-1.02, so its steps were divided by the engine's own aftermath
+#: (held out, its 24+-row steps came out at 0.91 of their price); with 8 it read 0.98.
 REFERENCE_WARM = 8
 
 #: The evidence for ``REFERENCE_WARM``, measured by hand on a 2-vCPU Xeon (December 2026):
 #: the reference's first passes right after the engine's 32-row steps, and its time when
-#: warm, in ms; and the overload family's level read with one untimed pass (10th-90th
-#: percentile) while the level probe after each run read 1.01-1.02.
+#: warm, in ms; the overload family's level with one untimed pass (10th-90th percentile).
 AFTER_BIG_STEPS_MS = (5.2, 4.8, 4.3, 3.9, 3.5, 3.4)
 WARM_MS = (2.9, 3.1)
 OVERLOAD_LEVEL_ONE_PASS = (1.22, 1.50)
