@@ -58,6 +58,23 @@ def test_a_decode_step_after_a_prompt_step_costs_what_the_model_says_in_both():
     assert a.gap_steps.sum() == b.gap_steps.sum()
 
 
+def test_the_aftermath_of_a_prompt_step_costs_what_the_model_says_in_both():
+    """The first few decode steps after a prompt step cost more (each its own share): the
+    simulator's decode runs charge them step by step, as the engine's scheduler replay does,
+    and split a run at the next arrival in the same place."""
+    from servelab.sim import KindStepModel
+    tr = _trace(seed=4)
+    cfg = ReplicaConfig(max_num_seqs=16, num_kv_blocks=4096)
+    after = KindStepModel(MODEL, MODEL, aftermath=((0.4, 1e-3), (0.3, 0.0), (0.1, 5e-4), (0.05, 0.0)))
+    a, b = simulate(tr, after, cfg), replay_scheduler(tr, after, cfg)
+    np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)
+    plain = simulate(tr, KindStepModel(MODEL, MODEL), cfg)
+    assert a.num_steps == b.num_steps and a.busy_s > plain.busy_s
+    assert a.busy_s == pytest.approx(b.busy_s, rel=1e-9)
+    assert a.gap_steps.sum() == b.gap_steps.sum()
+
+
 def test_prefix_groups_equal_engine_prefix_cache():
     tr = _trace(seed=2, prompt=LogNormal(100, 0.8, 8, 400), prefix_groups=4, prefix_tokens=200)
     cfg = ReplicaConfig(max_num_seqs=16, num_kv_blocks=400)

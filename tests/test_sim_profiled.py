@@ -60,7 +60,7 @@ def test_falls_back_to_the_linear_model_outside_the_grid_and_for_decode():
 def test_save_load_round_trip(tmp_path):
     m = ProfiledStepModel(BASE, GRID, FACTORS, {"profile_steps": 90})
     d = m.to_dict()
-    assert d["kind"] == "profiled" and d["format"] == STEP_MODEL_FORMAT == 5
+    assert d["kind"] == "profiled" and d["format"] == STEP_MODEL_FORMAT == 6
     path = cal.save_step_model(m, tmp_path / "m.json")
     back = cal.load_step_model(path)
     assert isinstance(back, ProfiledStepModel) and back.tokens == GRID and back.factors == FACTORS

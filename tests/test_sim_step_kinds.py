@@ -144,26 +144,67 @@ def test_with_noise_and_noise_band():
         cal.noise_band(run, TRUE_DECODE, [run])
 
 
-def test_the_cost_of_a_decode_step_right_after_a_prompt_step_is_recovered():
-    """A decode step after a prompt step pays a + b * that step's prompt tokens: the fit finds
-    a and b and leaves the decode line as it was."""
-    from servelab.sim.step_model import after_prompt
-    true = KindStepModel(TRUE_DECODE, TRUE_PREFILL, after_prompt_s=4e-4, after_prompt_token_s=2e-6)
-    shapes = after_prompt(_shapes(1200, seed=5))
-    assert sum(1 for s in shapes if not s.prefill_tokens and s.after_prompt_tokens) > 100
+def _served_shapes(n=1500, seed=5):
+    """Steps as a served trace makes them: a prompt step, then a run of 0-15 decode steps."""
+    rng = np.random.default_rng(seed)
+    base = _shapes(n, seed)
+    prompts = [s for s in base if s.prefill_tokens]
+    decodes = [s for s in base if not s.prefill_tokens]
+    out = []
+    while len(out) < n and prompts and decodes:
+        out.append(prompts.pop())
+        for _ in range(int(rng.integers(0, 16))):
+            if decodes:
+                out.append(decodes.pop())
+    return out
+
+
+def test_the_aftermath_of_a_prompt_step_is_recovered():
+    """The first decode steps after a prompt step of P tokens cost their line times
+    1 + a_k + b_k * P: the fit finds each position's a and b and leaves the decode line as it
+    was; a model without the term misprices both the near and the settled steps."""
+    from servelab.sim.step_model import after_prompt, aftermath_position
+    true = KindStepModel(TRUE_DECODE, TRUE_PREFILL, aftermath=((0.15, 2e-4), (0.10, 1e-4), (0.04, 0.0)))
+    shapes = after_prompt(_served_shapes(4000, seed=5))
+    assert sum(1 for s in shapes if aftermath_position(s) == 3) >= 20
     y = np.array([true.step_s(s) for s in shapes])
     m = fit_by_kind(shapes, y, decode_bins=(2, 4))
-    assert m.after_prompt_s == pytest.approx(4e-4, rel=1e-6)
-    assert m.after_prompt_token_s == pytest.approx(2e-6, rel=1e-6)
+    assert len(m.aftermath) == 3 and m.aftermath_steps == 3
+    for got, want in zip(m.aftermath, true.aftermath):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert m.decode.a == pytest.approx(TRUE_DECODE.a, rel=1e-6)
-    assert "right after a prompt step" in m.describe()
+    assert "after a prompt step" in m.describe() and "(3rd)" in m.describe()
     back = step_model_from_dict(json.loads(json.dumps(m.to_dict())))
-    assert back.step_s(shapes[1]) == m.step_s(shapes[1]) and back.after_prompt_s == m.after_prompt_s
+    assert back.aftermath == m.aftermath
+    assert all(back.step_s(s) == m.step_s(s) for s in shapes[:40])
     # without the term, the decode line absorbs the cost and misprices both sets of steps
-    blind = fit_by_kind([s._replace(after_prompt_tokens=0) for s in shapes], y, decode_bins=(2, 4))
-    after = [s for s in shapes if not s.prefill_tokens and s.after_prompt_tokens > 200]
-    assert np.median([blind.step_s(s._replace(after_prompt_tokens=0)) / true.step_s(s) for s in after]) < 0.96
-    assert blind.after_prompt_s == blind.after_prompt_token_s == 0.0
+    blind = fit_by_kind([s._replace(after_prompt_tokens=0, steps_after_prompt=0) for s in shapes], y,
+                        decode_bins=(2, 4))
+    assert blind.aftermath == ()
+    near = [s for s in shapes if aftermath_position(s) == 1 and s.after_prompt_tokens > 200]
+    settled = [s for s in shapes if not s.prefill_tokens and aftermath_position(s) > 6]
+    plain = lambda s: s._replace(after_prompt_tokens=0, steps_after_prompt=0)  # noqa: E731
+    assert np.median([blind.step_s(plain(s)) / true.step_s(s) for s in near]) < 0.9
+    assert np.median([blind.step_s(plain(s)) / true.step_s(s) for s in settled]) > 1.01
+
+
+def test_a_format_5_step_model_keeps_its_cost_of_the_step_right_after_a_prompt_step():
+    """A saved model from before the aftermath (format 5: a + b * P seconds on the first decode
+    step after a prompt step) prices exactly that step, and no later one."""
+    from servelab.sim.step_model import after_prompt
+    old = KindStepModel(TRUE_DECODE, TRUE_PREFILL, after_prompt_s=4e-4, after_prompt_token_s=2e-6)
+    d = old.to_dict()
+    d["format"] = 5
+    del d["aftermath"]
+    back = step_model_from_dict(d)
+    assert back.aftermath_steps == 1
+    shapes = after_prompt([StepShape(100, 0, 0, 5050.0, 1, 100), StepShape(0, 2, 40), StepShape(0, 2, 42)])
+    assert back.step_s(shapes[1]) == pytest.approx(TRUE_DECODE.step_s(shapes[1]) + 4e-4 + 2e-4)
+    assert back.step_s(shapes[2]) == pytest.approx(TRUE_DECODE.step_s(shapes[2]))
+    # a shape that says only "right after" (how format 5 marked it) is the first position
+    assert back.step_s(StepShape(0, 2, 40, after_prompt_tokens=100)) == back.step_s(shapes[1])
+    with pytest.raises(ValueError, match="aftermath"):
+        KindStepModel(TRUE_DECODE, TRUE_PREFILL, aftermath=((0.1, -1e-4),))
 
 
 def test_noise_residuals_do_not_count_the_step_before_cost_twice():

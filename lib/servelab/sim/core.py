@@ -157,7 +157,9 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
     steps_to_reach = step_model.steps_to_reach
     step_at = step_model.decode_step_at
     carryover = step_model.carryover_s
-    prev_prompt = 0  # prompt tokens of the step before (a decode step right after one costs more)
+    prev_prompt = 0  # prompt tokens of the latest step with them (the decode steps after one cost more)
+    since_prompt = 0  # steps since that step
+    n_after = step_model.aftermath_steps
     noisy = step_model.noisy
     step_model.reset_noise()
 
@@ -482,26 +484,40 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 k_mem = 1 + bs * ((total_blocks - st["used"]) // R)
                 if k_mem < k:
                     k = k_mem
-            carry = carryover(prev_prompt) if prev_prompt else 0.0
-            prev_prompt = 0
+            K0 = k_const + R * D
+            dear = []  # the run's first steps still in a prompt step's aftermath, one by one
+            if prev_prompt and since_prompt < n_after:
+                for j in range(min(n_after - since_prompt, k)):
+                    line = step_at(R, K0 + R * j)
+                    dear.append(line + carryover(prev_prompt, since_prompt + j + 1, line))
             if (next_arr < n and not waiting and not waiting_lo and n_running < seats and not static and k > 1):
-                k = steps_to_reach(R, k_const + R * D, arrival[next_arr] - t - carry, k)
+                dt = arrival[next_arr] - t
+                acc, hit = 0.0, 0
+                for j, c in enumerate(dear):
+                    acc += c
+                    if acc >= dt:
+                        hit = j + 1
+                        break
+                if hit:
+                    k = hit
+                elif k > len(dear):
+                    k = len(dear) + steps_to_reach(R, K0 + R * len(dear), dt - acc, k - len(dear))
             if k < 1:
                 k = 1
-            K0 = k_const + R * D
-            dur = dec_run(R, K0, k) + carry
-            first = 0
-            if carry:  # the run's first step, dearer, is a gap of its own
-                gap_first.append(step_at(R, K0) + carry)
-                gap_last.append(gap_first[-1])
+            del dear[k:]
+            first = len(dear)
+            dur = sum(dear) + dec_run(R, K0 + R * first, k - first)
+            for c in dear:  # each dearer step is a gap of its own
+                gap_first.append(c)
+                gap_last.append(c)
                 gap_k.append(1)
                 gap_rows.append(R)
-                first = 1
             if k > first:
                 gap_first.append(step_at(R, K0 + R * first))
                 gap_last.append(step_at(R, K0 + R * (k - 1)))
                 gap_k.append(k - first)
                 gap_rows.append(R)
+            since_prompt += k
             t += dur
             busy += dur
             D += k
@@ -522,8 +538,12 @@ def simulate(trace: Trace, step_model: StepModel, config: ReplicaConfig | None =
                 P += c
                 pairs += chunk_pairs(s0, c)
                 pctx += s0 + c
-            dur = step_s(StepShape(P, R, k_const + R * D, pairs, len(chunks), pctx, prev_prompt))
-            prev_prompt = P
+            dur = step_s(StepShape(P, R, k_const + R * D, pairs, len(chunks), pctx, prev_prompt,
+                                   since_prompt + 1 if prev_prompt else 0))
+            if P:
+                prev_prompt, since_prompt = P, 0
+            else:
+                since_prompt += 1
             if R:
                 gap_first.append(dur)
                 gap_last.append(dur)

@@ -73,8 +73,12 @@ class ProfiledStepModel(StepModel):
     def step_s(self, shape: StepShape) -> float:
         return self.base.step_s(shape) * self.factor(shape.prefill_tokens)
 
-    def carryover_s(self, prompt_tokens: int) -> float:
-        return self.base.carryover_s(prompt_tokens)
+    def carryover_s(self, prompt_tokens: int, position: int = 1, line_s: float = 0.0) -> float:
+        return self.base.carryover_s(prompt_tokens, position, line_s)
+
+    @property
+    def aftermath_steps(self) -> int:
+        return self.base.aftermath_steps
 
     def decode_lines(self, rows):
         return self.base.decode_lines(rows)

@@ -75,7 +75,7 @@ def replay_scheduler(trace: Trace, step_model: StepModel, config, *, vocab_size:
     first = [math.nan] * n
     finish = [math.nan] * n
     seqs = []
-    t, nxt, done, steps, busy, prev_prompt = 0.0, 0, 0, 0, 0.0, 0
+    t, nxt, done, steps, busy, prev_prompt, since_prompt = 0.0, 0, 0, 0, 0.0, 0, 0
     gaps, rows = [], []
     rng = np.random.default_rng(seed + 1)
     while done < n:
@@ -91,8 +91,12 @@ def replay_scheduler(trace: Trace, step_model: StepModel, config, *, vocab_size:
                 raise RuntimeError("the engine's scheduler planned nothing while requests wait")
             t = arrival[nxt]
             continue
-        shape = plan_shape(plan)._replace(after_prompt_tokens=prev_prompt)
-        prev_prompt = shape.prefill_tokens
+        shape = plan_shape(plan)._replace(after_prompt_tokens=prev_prompt,
+                                          steps_after_prompt=since_prompt + 1 if prev_prompt else 0)
+        if shape.prefill_tokens:
+            prev_prompt, since_prompt = shape.prefill_tokens, 0
+        else:
+            since_prompt += 1
         dur = step_model.step_s(shape)
         t += dur
         busy += dur

@@ -50,7 +50,7 @@ import numpy as np
 
 __all__ = ["StepShape", "StepModel", "LinearStepModel", "KindStepModel", "RooflineStepModel", "fit_linear",
            "fit_by_kind", "step_model_from_dict", "step_kind", "fit_report", "FEATURES", "STEP_KINDS",
-           "STEP_MODEL_FORMAT", "filled_bins", "after_prompt"]
+           "STEP_MODEL_FORMAT", "filled_bins", "after_prompt", "aftermath_position", "AFTERMATH_STEPS"]
 
 #: Names of the fitted model's terms, in the order of its coefficients.
 FEATURES = ("1", "prefill_tokens", "decode_rows", "decode_context", "prefill_pairs", "prefill_seqs")
@@ -63,8 +63,12 @@ class StepShape(NamedTuple):
     prefill_pairs: float = 0.0
     prefill_seqs: int = 0
     prefill_context: int = 0
-    #: Prompt tokens of the step before: a decode step right after a prompt step runs slower
+    #: Prompt tokens of the latest step that had them (:func:`after_prompt`): the decode steps
+    #: after a prompt step run slower for a few steps
     after_prompt_tokens: int = 0
+    #: Steps since that step (1: right after it; 0: none yet). A shape without it and with
+    #: ``after_prompt_tokens`` is a step right after one (how format 5 and earlier counted).
+    steps_after_prompt: int = 0
 
     def features(self) -> tuple:
         return (1.0, self.prefill_tokens, self.decode_rows, self.decode_context, self.prefill_pairs,
@@ -72,12 +76,24 @@ class StepShape(NamedTuple):
 
 
 def after_prompt(shapes) -> list:
-    """``shapes`` of consecutive steps, each marked with the prompt tokens of the step before."""
-    out, prev = [], 0
+    """``shapes`` of consecutive steps, each marked with the prompt tokens of the latest step
+    before it that had them, and how many steps ago that was (1: the step before)."""
+    out, tokens, since = [], 0, 0
     for s in shapes:
-        out.append(s._replace(after_prompt_tokens=prev))
-        prev = s.prefill_tokens
+        out.append(s._replace(after_prompt_tokens=tokens, steps_after_prompt=since + 1 if tokens else 0))
+        if s.prefill_tokens:
+            tokens, since = s.prefill_tokens, 0
+        elif tokens:
+            since += 1
     return out
+
+
+def aftermath_position(shape: StepShape) -> int:
+    """Which decode step after a prompt step ``shape`` is (1: right after; 0: none, or not a
+    decode step)."""
+    if shape.prefill_tokens or not shape.after_prompt_tokens:
+        return 0
+    return shape.steps_after_prompt or 1
 
 
 #: Kinds of step, for fitting and for residuals: no prompt tokens; prompt tokens only; both.
@@ -90,8 +106,14 @@ BIN_ON = ("rows", "decode_rows")
 #: ``kind`` "linear" or "roofline" without a version; version 2 adds "by_kind"; version 3 adds
 #: "profiled" (a "by_kind" model with a measured per-size correction of its prompt steps); version 4
 #: a "by_kind" model's cost of a decode step right after a prompt step; version 5 a linear
-#: model's knee (a dearer price per context token beyond ``knee_context``).
-STEP_MODEL_FORMAT = 5
+#: model's knee (a dearer price per context token beyond ``knee_context``); version 6 a "by_kind"
+#: model's ``aftermath`` (the first few decode steps after a prompt step, each dearer by a share).
+STEP_MODEL_FORMAT = 6
+
+
+def ordinal(k: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..."""
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
 def step_kind(shape: StepShape) -> str:
@@ -130,8 +152,12 @@ class StepModel:
     def step_s(self, shape: StepShape) -> float:
         raise NotImplementedError
 
-    def carryover_s(self, prompt_tokens: int) -> float:
-        """Extra seconds of a pure decode step right after a step of ``prompt_tokens``."""
+    #: How many decode steps after a prompt step can cost more than their line (0: none).
+    aftermath_steps: int = 0
+
+    def carryover_s(self, prompt_tokens: int, position: int = 1, line_s: float = 0.0) -> float:
+        """Extra seconds of the ``position``-th pure decode step after a step of ``prompt_tokens``
+        (1: right after it), whose line prices it at ``line_s`` seconds."""
         return 0.0
 
     def decode_lines(self, rows: int) -> list[tuple[float, float]]:
@@ -432,9 +458,13 @@ class KindStepModel(StepModel):
     prefill: LinearStepModel
     meta: dict = field(default_factory=dict)
     #: A pure decode step right after a step with prompt tokens costs ``after_prompt_s`` more,
-    #: plus ``after_prompt_token_s`` per prompt token of that step (:func:`fit_by_kind`).
+    #: plus ``after_prompt_token_s`` per prompt token of that step (format 4-5; fits now give
+    #: ``aftermath`` instead).
     after_prompt_s: float = 0.0
     after_prompt_token_s: float = 0.0
+    #: ``((a1, b1), (a2, b2), ...)``: the k-th pure decode step after a step with P prompt tokens
+    #: costs its line times ``1 + a_k + b_k * P`` (:func:`fit_by_kind`).
+    aftermath: tuple = ()
 
     def __post_init__(self):
         for name in ("decode", "prefill"):
@@ -445,6 +475,18 @@ class KindStepModel(StepModel):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"KindStepModel.{name} must be a finite number >= 0, got {v!r}")
+        try:
+            self.aftermath = tuple((float(a), float(b)) for a, b in self.aftermath)
+        except (TypeError, ValueError):
+            raise ValueError(f"KindStepModel.aftermath must be pairs (a, b), got {self.aftermath!r}") from None
+        if any(not (math.isfinite(v) and v >= 0) for pair in self.aftermath for v in pair):
+            raise ValueError(f"KindStepModel.aftermath must hold finite numbers >= 0, got {self.aftermath!r}")
+
+    @property
+    def aftermath_steps(self) -> int:
+        if self.aftermath:
+            return len(self.aftermath)
+        return 1 if (self.after_prompt_s or self.after_prompt_token_s) else 0
 
     @property
     def noisy(self) -> bool:
@@ -457,17 +499,25 @@ class KindStepModel(StepModel):
     def step_s(self, shape: StepShape) -> float:
         if shape.prefill_tokens:
             return self.prefill.step_s(shape)
-        return self.decode.step_s(shape) + self.carryover_s(shape.after_prompt_tokens)
+        line = self.decode.step_s(shape)
+        pos = aftermath_position(shape)
+        return line + self.carryover_s(shape.after_prompt_tokens, pos, line) if pos else line
 
-    def carryover_s(self, prompt_tokens: int) -> float:
-        return self.after_prompt_s + self.after_prompt_token_s * prompt_tokens if prompt_tokens > 0 else 0.0
+    def carryover_s(self, prompt_tokens: int, position: int = 1, line_s: float = 0.0) -> float:
+        if prompt_tokens <= 0 or position < 1:
+            return 0.0
+        extra = self.after_prompt_s + self.after_prompt_token_s * prompt_tokens if position == 1 else 0.0
+        if position <= len(self.aftermath):
+            a, b = self.aftermath[position - 1]
+            extra += line_s * (a + b * prompt_tokens)
+        return extra
 
     def decode_lines(self, rows):
         return self.decode.decode_lines(rows)
 
     def _like(self, decode, prefill, factor: float = 1.0) -> "KindStepModel":
         return KindStepModel(decode, prefill, dict(self.meta), self.after_prompt_s * factor,
-                             self.after_prompt_token_s * factor)
+                             self.after_prompt_token_s * factor, self.aftermath)
 
     def scaled(self, factor: float) -> "KindStepModel":
         """Every step ``factor`` times as long."""
@@ -496,7 +546,7 @@ class KindStepModel(StepModel):
     def to_dict(self) -> dict:
         return {"kind": "by_kind", "format": STEP_MODEL_FORMAT, "decode": self.decode.to_dict(),
                 "prefill": self.prefill.to_dict(), "meta": self.meta, "after_prompt_s": self.after_prompt_s,
-                "after_prompt_token_s": self.after_prompt_token_s}
+                "after_prompt_token_s": self.after_prompt_token_s, "aftermath": [list(p) for p in self.aftermath]}
 
     def describe(self) -> str:
         d, p = self.decode, self.prefill
@@ -515,6 +565,9 @@ class KindStepModel(StepModel):
         if self.after_prompt_s or self.after_prompt_token_s:
             text += (f"; a decode step right after a prompt step: +{self.after_prompt_s * 1e3:.3f} ms + "
                      f"{self.after_prompt_token_s * 1e6:.2f} us per prompt token of that step")
+        if self.aftermath:
+            text += "; the decode steps after a prompt step of P tokens cost their line times " + ", ".join(
+                f"{1 + a:.3f} + {b * 100:.4f} x P/100 ({ordinal(k)})" for k, (a, b) in enumerate(self.aftermath, 1))
         return text
 
 
@@ -540,7 +593,8 @@ def step_model_from_dict(d: dict) -> StepModel:
     if kind == "by_kind":
         try:
             return KindStepModel(step_model_from_dict(d["decode"]), step_model_from_dict(d["prefill"]),
-                                 d.get("meta", {}), d.get("after_prompt_s", 0.0), d.get("after_prompt_token_s", 0.0))
+                                 d.get("meta", {}), d.get("after_prompt_s", 0.0), d.get("after_prompt_token_s", 0.0),
+                                 d.get("aftermath", ()))
         except KeyError as exc:
             raise ValueError(f"a 'by_kind' step model needs 'decode' and 'prefill' parts; {exc} is missing")
     if kind in READERS:  # kinds defined in other modules (servelab.sim.profiled)
@@ -622,22 +676,39 @@ def _fit_decode_line(shapes, y, bins: tuple) -> "LinearStepModel":
     return line
 
 
-def _fit_carryover(decode: LinearStepModel, shapes, y) -> tuple[float, float]:
-    """``(a, b)``, both >= 0, least squares of the decode steps' excess over ``decode`` on
-    ``a + b * after_prompt_tokens`` (``(0, 0)`` without steps)."""
-    if not len(shapes):
-        return 0.0, 0.0
-    t = np.array([s.after_prompt_tokens for s in shapes], dtype=float)
-    r = np.asarray(y, dtype=float) - np.array([decode.step_s(s) for s in shapes])
-    (a, b), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(t), t]), r, rcond=None)
-    if b < 0:
-        a, b = r.mean(), 0.0
-    elif a < 0:
-        a, b = 0.0, float(r @ t / (t @ t))
-    return max(float(a), 0.0), max(float(b), 0.0)
+#: How many decode steps after a prompt step :func:`fit_by_kind` prices apart (the aftermath).
+AFTERMATH_STEPS = 6
 
 
-def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 33), min_bin_steps: int = 20,
+def _fit_aftermath(decode: LinearStepModel, shapes, y, positions, min_steps: int) -> tuple:
+    """``((a1, b1), ...)``: for each position k (1, 2, ...) after a prompt step, least squares
+    (both >= 0) of those decode steps' excess over ``decode`` on ``line * (a + b * P)``, P the
+    prompt step's tokens; it stops at the first position with fewer than ``min_steps`` steps,
+    and drops trailing positions that cost nothing."""
+    positions = np.asarray(positions)
+    y = np.asarray(y, dtype=float)
+    out = []
+    for k in range(1, AFTERMATH_STEPS + 1):
+        idx = np.flatnonzero(positions == k)
+        if len(idx) < min_steps:
+            break
+        line = np.array([decode.step_s(shapes[i]) for i in idx])
+        tokens = np.array([shapes[i].after_prompt_tokens for i in idx], dtype=float)
+        excess = y[idx] - line
+        X = np.column_stack([line, line * tokens])
+        (a, b), *_ = np.linalg.lstsq(X, excess, rcond=None)
+        if b < 0:
+            a, b = float(excess.sum() / line.sum()), 0.0
+        if a < 0:
+            col = X[:, 1]
+            a, b = 0.0, float(col @ excess / (col @ col))
+        out.append((max(float(a), 0.0), max(float(b), 0.0)))
+    while out and out[-1] == (0.0, 0.0):
+        out.pop()
+    return tuple(out)
+
+
+def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 25), min_bin_steps: int = 20,
                 meta: dict | None = None, prompt_weighting: str = "relative",
                 prompt_row_bins: tuple = (1, 5, 9, 17, 25)) -> KindStepModel:
     """Fit a :class:`KindStepModel` by least squares (slopes >= 0, row offsets of any sign).
@@ -650,11 +721,14 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     of 24-32 rows and a short prompt 11% slow, the shape a queue for seats runs on (the runs
     in ``data/sim/calibration_runs.json`` at commit bbd88fa).
 
-    A pure decode step right after a step with prompt tokens (``shape.after_prompt_tokens``)
-    runs slower (on the course's Xeon VM +0.2 ms + 2.1 us per prompt token of that step, a fifth
-    over the line after a full chunk: ``data/sim/calibration_runs.json`` at commit 04a9109; on
-    an AMD EPYC a flat +0.3-0.5 ms); with ``min_bin_steps`` such steps, the decode line is
-    fitted without them and their excess as ``a + b*those tokens`` (:func:`_fit_carryover`).
+    The first few pure decode steps after a step with prompt tokens run slower, most the
+    second (the *aftermath*: on the course's Xeon VM the 1st-5th took 15%, 11%, 7%, 4%, 2% over
+    a line fitted to the others in the calibration, 10%, 6%, 2%, 0.5%, 0% held out, more after
+    a longer prompt step: ``data/sim/calibration_runs.json`` at commit 9fc8bb3). The decode
+    line is fitted without the first ``AFTERMATH_STEPS`` such steps (a line through them ran
+    long-trace decode steps of 4-15 rows 6-8% fast, where most steps are far from a prompt step),
+    and each position's excess as a share ``a_k + b_k * P`` of its line (:func:`_fit_aftermath`);
+    a position needs ``min_bin_steps`` steps.
 
     The decode line may bend up once at a knee of total context (:func:`_fit_decode_line`): on
     an AMD EPYC each token beyond about 1,900 cost 1.7 us more than the 2.2 us before it (a
@@ -680,15 +754,16 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
     for name, m in (("decode", dec), ("prompt", ~dec)):
         if m.sum() < need[name]:
             raise ValueError(f"need at least {need[name]} measured {name} steps to fit that part, got {int(m.sum())}")
-    after = np.array([bool(d and s.after_prompt_tokens > 0) for s, d in zip(shapes, dec)], dtype=bool)
-    if after.sum() < min_bin_steps or (dec & ~after).sum() < need["decode"]:
+    positions = np.array([aftermath_position(s) for s in shapes])
+    after = dec & (positions >= 1) & (positions <= AFTERMATH_STEPS)
+    if (positions == 1).sum() < min_bin_steps or (dec & ~after).sum() < need["decode"]:
         after[:] = False  # too few to tell apart: the line takes them as they come
     plain = dec & ~after
     dshapes = [s for s, d in zip(shapes, plain) if d]
     rows = [s.decode_rows for s in dshapes]
     bins = filled_bins(rows, sorted(int(b) for b in decode_bins), min_bin_steps)
     decode = _fit_decode_line(dshapes, y[plain], bins)
-    carry = _fit_carryover(decode, [s for s, a in zip(shapes, after) if a], y[after])
+    aftermath = _fit_aftermath(decode, shapes, y, np.where(after, positions, 0), min_bin_steps)
     pshapes = [s for s, d in zip(shapes, dec) if not d]
     mixed = sum(1 for s in pshapes if s.decode_rows)
     # a step with prompt tokens pays once for having decode rows at all, then by bands of rows
@@ -704,7 +779,7 @@ def fit_by_kind(shapes, durations, *, decode_bins: tuple = (2, 3, 4, 6, 9, 17, 3
         scale = float(y[~dec].sum()) / total
         prefill = prefill.scaled(scale)
         prefill.meta["total_scale"] = round(scale, 4)
-    model = KindStepModel(decode, prefill, dict(meta or {}), *carry)
+    model = KindStepModel(decode, prefill, dict(meta or {}), aftermath=aftermath)
     rep = fit_report(model, shapes, y)
     model.meta.update(n_steps=rep["n_steps"], median_abs_rel_err=rep["median_abs_rel_err"],
                       r2=rep["r2"], kinds=rep["kinds"])

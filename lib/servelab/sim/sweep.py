@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from servelab.sim.core import ReplicaConfig
-from servelab.sim.step_model import StepShape, step_kind
+from servelab.sim.step_model import StepShape, aftermath_position, step_kind
 from servelab.workload import Exponential, LogNormal, Trace, synthetic
 
 __all__ = ["SWEEP_CONFIGS", "sweep_traces", "random_streams", "residuals_by_feature", "FEATURE_BINS", "GAP_S"]
@@ -101,7 +101,9 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
 
     b = _Builder(seed)
     rows = (1, 2, 4, 8, 16, 24, 32) if quick else (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32)
-    lengths = (16, 300, 900) if quick else (16, 120, 300, 600, 900)
+    # 100: a full replica of short conversations (32 rows of 33-166 tokens, 1,000-5,000 in all: the
+    # queue's decode steps, which the quick grid skipped between 500 and 9,000; priced 10% high)
+    lengths = (16, 100, 300, 900) if quick else (16, 120, 300, 600, 900)
     # the grid once per sweep: the quick calibration runs the sweep in rounds (check.QUICK_ROUNDS,
     # each with its own seed), so a many-row batch, whose steps set a full replica's pace, is
     # measured at several moments and the machine's wander during one does not set its price
@@ -155,6 +157,12 @@ def sweep_traces(quick: bool = False, max_len: int = 1024, seed: int = 0, rate: 
         g = b.groups
         b.groups += 1
         b.piece([(0.0, pre + 8, 2, g, pre), (0.5, pre + new, 4, g, pre)])
+    # a queue for seats: many short requests at once, so every seat stays full and each finish
+    # lets a prompt in beside 24-31 decoding rows (the shape an overloaded replica runs on; the
+    # sweep had 41 such mixed steps and priced a held-out overload's 5% high: commit 9fc8bb3)
+    for n_req, top in (((96, 16), (96, 32)) if quick else ((96, 12), (96, 24), (128, 40))):
+        b.piece([(0.0005 * k, int(p), int(o), -1, 0) for k, (p, o) in
+                 enumerate(zip(rng_out.integers(16, 161, n_req), rng_out.integers(2, top + 1, n_req)))])
     # three random streams (Poisson, bursty, and one fast enough to fill every seat) for the
     # mixtures a queue makes, cut into pieces so they interleave with the designed ones
     for trace, segment in random_streams(quick, seed, rate).values():
@@ -201,6 +209,7 @@ FEATURE_BINS = {
     "chunk offset (cached or earlier tokens)": (0, 1, 128, 512),
     "prompt tokens, prompt-only steps": (1, 64, 128, 256),
     "prompt tokens of the step before (decode steps)": (0, 1, 64, 256),
+    "steps since a prompt step (decode steps)": (1, 2, 3, 4, 5, 7),
 }
 
 
@@ -216,7 +225,9 @@ def _feature(name: str, s: StepShape):
     if name == "prompt tokens, prompt-only steps":
         return s.prefill_tokens if s.prefill_tokens and not s.decode_rows else None
     if name == "prompt tokens of the step before (decode steps)":
-        return None if s.prefill_tokens else s.after_prompt_tokens
+        return None if s.prefill_tokens else (s.after_prompt_tokens if aftermath_position(s) == 1 else 0)
+    if name == "steps since a prompt step (decode steps)":
+        return aftermath_position(s) or None
     if name == "chunk offset (cached or earlier tokens)":
         if not s.prefill_tokens:
             return None
