@@ -271,7 +271,12 @@ def calibration_md(c: dict) -> list:
                       if meta["level_exponent_fit"].get("plain_slope") is not None else "")
                    + (f"; the held-out runs' own windows gave {c['held_out_level_exponent']['exponent']:.2f}"
                       if (c.get("held_out_level_exponent") or {}).get("r") is not None else "") + ")"
-                   if meta.get("level_exponent_fit", {}).get("r") is not None else "")
+                   if meta.get("level_exponent_fit", {}).get("r") is not None else
+                   (f"; each decode step is divided by the level itself (power 1.00: the level moved too "
+                    f"little within the calibration's runs to read a power from, sd "
+                    f"{meta['level_exponent_fit']['level_sd']:.2%} over "
+                    f"{meta['level_exponent_fit']['windows']} windows of {cal.LEVEL_WINDOW_S:g} s)"
+                    if meta.get("level_exponent_fit") else ""))
                 + (f"; a step with prompt tokens by a power moved from that toward "
                    f"{meta['prompt_level_exponent']:.2f} by its prompt work's share of its predicted time (the "
                    f"prompt work's power, fitted {_prompt_how(meta['prompt_level_exponent_fit'])} over "
@@ -491,6 +496,7 @@ def history_entry(was: dict) -> dict:
             "predict_scales": was.get("predict_scales"),
             "runs": next((r.get("runs") for r in held), None), "requests": [r.get("requests") for r in held],
             "noise_floor": (was.get("noise_floor") or {}).get("expected_worst"),
+            "aftermath": len((was.get("model") or {}).get("aftermath") or ()),
             "worst_spread": max((r["worst_spread"] for r in held if r.get("worst_spread") is not None), default=None)}
 
 

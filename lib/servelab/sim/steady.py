@@ -256,6 +256,11 @@ def reference_windows(run, model, window_s: float = LEVEL_WINDOW_S,
     return np.array(even), np.array(odd), np.array(pace)
 
 
+#: Below this spread of the level's window readings (their standard deviation) there is no
+#: slope to read: :func:`fit_level_exponent` keeps the plain division (power 1).
+LEVEL_SD_MIN = 0.01
+
+
 def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_windows: int = 8,
                        kind: str | None = None) -> dict:
     """How much the engine's steps slow when the reference work slows by a factor: the slope
@@ -272,14 +277,14 @@ def fit_level_exponent(runs, model, window_s: float = LEVEL_WINDOW_S, min_window
     "level_sd", "reliability", "plain_slope"}`` (reliability: the share of the readings'
     variance that is the machine's, not noise; plain_slope: the flatter least-squares slope).
     The exponent is 1.0 (the steady clock's plain division) when there are fewer than
-    ``min_windows`` windows, the level barely moved (sd under 1%) or the readings are mostly
+    ``min_windows`` windows, the level barely moved (sd under ``LEVEL_SD_MIN``) or the readings are mostly
     noise (reliability under 0.5), and is kept within ``LEVEL_EXPONENT_RANGE``."""
     parts = [reference_windows(run, model, window_s, kind) for run in runs]
     parts = [[v - v.mean() for v in part] for part in parts if len(part[2]) >= 2]
     even, odd, pace = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(3))
     level = (even + odd) / 2
     out = {"windows": int(len(pace)), "level_sd": round(float(level.std()), 4) if len(pace) else 0.0}
-    if len(pace) < min_windows or level.std() < 0.01:
+    if len(pace) < min_windows or level.std() < LEVEL_SD_MIN:
         return dict(out, exponent=1.0, r=None, reliability=None, plain_slope=None)
     shared = float((even * odd).sum())  # the readings' covariance: the machine's variance alone
     reliability = shared / float((level * level).sum())
