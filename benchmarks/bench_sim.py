@@ -236,6 +236,31 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
+def _decode_power_md(meta: dict, c: dict) -> str:
+    """How the decode steps' power of the level was read, in words ("" off the steady clock)."""
+    fit = meta.get("level_exponent_fit")
+    if not fit:
+        return ""
+    hfit = c.get("held_out_level_exponent") or {}
+    held = hfit.get("exponent") if hfit.get("r") is not None and (hfit.get("reliability") or 0) >= 0.5 else None
+    held_txt = f"; the held-out runs' own windows gave {held:.2f}" if held is not None else ""
+    windows = f"{fit['windows']} windows of {cal.LEVEL_WINDOW_S:g} s"
+    if fit.get("r") is None:
+        return (f"; each decode step is divided by the level itself (power 1.00: the level moved too little "
+                f"within the calibration's runs to read a power from, sd {fit['level_sd']:.2%} over {windows}"
+                f"{held_txt})")
+    if fit.get("reliability") is not None and fit["reliability"] < 0.5:
+        return (f"; each decode step is divided by the level itself (power 1.00: over {windows} the level's "
+                f"readings were mostly noise, {fit['reliability']:.0%} of their variance the machine's, so no "
+                f"power was read; correlation {fit['r']}{held_txt})")
+    plain = (f"; each window read twice, from its even and its odd timings, so one timing's noise does not "
+             f"flatten the slope: a plain least-squares slope gave {fit['plain_slope']:.2f}"
+             if fit.get("plain_slope") is not None else "")
+    return (f"; each decode step is divided by the level to the power {meta['level_exponent']:.2f}, how much the "
+            f"decode steps slowed with that work within the calibration's own runs (slope over {windows}, "
+            f"correlation {fit['r']}{plain}{held_txt})")
+
+
 def _prompt_how(fit: dict) -> str:
     """How the prompt power was read, in words (fits before "how" was recorded were step by step)."""
     if fit.get("how") == "between runs":
@@ -261,22 +286,7 @@ def calibration_md(c: dict) -> list:
                 f"pass{'es' if warm != 1 else ''}, is timed every {every} steps, and the level is the median of the latest "
                 f"{cal.LEVEL_WINDOW} timings over its time at the "
                 f"calibration's start, {meta['reference_base_s'] * 1e3:.3f} ms"
-                + (f"; each decode step is divided by the level to the power {meta['level_exponent']:.2f}, how much "
-                   "the decode steps slowed with that work within the calibration's own runs "
-                   f"(slope over {meta['level_exponent_fit']['windows']} windows of "
-                   f"{cal.LEVEL_WINDOW_S:g} s, correlation {meta['level_exponent_fit']['r']}"
-                   + (f"; each window read twice, from its even and its odd timings, so one timing's noise "
-                      f"does not flatten the slope: a plain least-squares slope gave "
-                      f"{meta['level_exponent_fit']['plain_slope']:.2f}"
-                      if meta["level_exponent_fit"].get("plain_slope") is not None else "")
-                   + (f"; the held-out runs' own windows gave {c['held_out_level_exponent']['exponent']:.2f}"
-                      if (c.get("held_out_level_exponent") or {}).get("r") is not None else "") + ")"
-                   if meta.get("level_exponent_fit", {}).get("r") is not None else
-                   (f"; each decode step is divided by the level itself (power 1.00: the level moved too "
-                    f"little within the calibration's runs to read a power from, sd "
-                    f"{meta['level_exponent_fit']['level_sd']:.2%} over "
-                    f"{meta['level_exponent_fit']['windows']} windows of {cal.LEVEL_WINDOW_S:g} s)"
-                    if meta.get("level_exponent_fit") else ""))
+                + _decode_power_md(meta, c)
                 + (f"; a step with prompt tokens by a power moved from that toward "
                    f"{meta['prompt_level_exponent']:.2f} by its prompt work's share of its predicted time (the "
                    f"prompt work's power, fitted {_prompt_how(meta['prompt_level_exponent_fit'])} over "
@@ -284,7 +294,7 @@ def calibration_md(c: dict) -> list:
                    f"{meta['prompt_level_exponent_fit']['r']}"
                    + (f"; the held-out runs' own: {c['held_out_prompt_exponent']['exponent']:.2f}"
                       if (c.get("held_out_prompt_exponent") or {}).get("r") is not None else "")
-                   + ": compute-bound prompt work slows less than decode steps when the machine slows)"
+                   + ")"
                    if (meta.get("prompt_level_exponent_fit") or {}).get("r") is not None else "")
                 + "), and arrivals on a virtual clock "
                 "advanced by those times (so other processes' time is not counted, and the wander of the "
