@@ -42,7 +42,8 @@ from servelab import machine
 from servelab.sim import ReplicaConfig, RooflineStepModel, simulate, synthetic
 from servelab.sim import calibrate as cal
 from servelab.sim import check
-from servelab.sim.step_model import STEP_KINDS, fit_report
+from servelab.sim.fit import fit_report
+from servelab.sim.step_model import STEP_KINDS
 from servelab.sim.sweep import residuals_by_feature
 from servelab.workload import Exponential, LogNormal, load_trace
 

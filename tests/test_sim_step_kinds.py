@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from servelab.sim import KindStepModel, LinearStepModel, ReplicaConfig, StepShape, fit_by_kind, simulate, synthetic
-from servelab.sim.step_model import STEP_MODEL_FORMAT, fit_report, step_kind, step_model_from_dict
+from servelab.sim.fit import fit_report
+from servelab.sim.step_model import STEP_MODEL_FORMAT, step_kind, step_model_from_dict
 
 TRUE_DECODE = LinearStepModel(a=0.004, c_decode=3e-5, d_context=1.5e-6, bin_edges=(2, 4), bin_costs=(0.002, 0.003))
 TRUE_PREFILL = LinearStepModel(a=0.003, b_prefill=1.4e-4, e_pairs=2e-7, f_chunks=0.002, c_decode=1e-5,
@@ -238,7 +239,7 @@ def test_a_planted_knee_in_the_context_price_is_found():
     knee near it; a straight line through the same steps underprices the short contexts and overprices the
     middle (the shape the AMD EPYC's decode steps showed: data/sim/calibration_runs.json at
     commit ff640ad)."""
-    from servelab.sim.step_model import _fit_decode_line
+    from servelab.sim.fit import _fit_decode_line
     shapes = _decode_shapes()
     rng = np.random.default_rng(4)
     y = np.array([KNEED.step_s(s) for s in shapes]) * rng.normal(1, 0.03, len(shapes))
@@ -248,7 +249,7 @@ def test_a_planted_knee_in_the_context_price_is_found():
     line = fit_by_kind(shapes + _shapes(300), np.concatenate([y, [TRUE.step_s(s) for s in _shapes(300)]]),
                        decode_bins=(2, 4)).decode
     assert line.g_knee > 0
-    from servelab.sim.step_model import fit_linear
+    from servelab.sim.fit import fit_linear
     straight = fit_linear(shapes, y, features=("decode_rows", "decode_context"), bins=(2, 4))
     short = [s for s in shapes if s.decode_context < 400]
     middle = [s for s in shapes if 1500 < s.decode_context < 3000]

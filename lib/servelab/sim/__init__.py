@@ -17,8 +17,9 @@ from servelab.sim.core import POLICIES, ReplicaConfig, simulate
 from servelab.sim.pools import ROUTERS, DisaggregatedResult, simulate_disaggregated, simulate_pool
 from servelab.sim.metrics import PERCENTILES, SimResult, weighted_percentile
 from servelab.sim.profiled import ProfiledStepModel
-from servelab.sim.step_model import (FEATURES, KindStepModel, LinearStepModel, fit_by_kind, RooflineStepModel, StepModel, StepShape,
-                                     fit_linear, step_model_from_dict)
+from servelab.sim.fit import fit_by_kind, fit_linear
+from servelab.sim.step_model import (FEATURES, KindStepModel, LinearStepModel, RooflineStepModel, StepModel, StepShape,
+                                     step_model_from_dict)
 from servelab.sim.workload import (Exponential, Fixed, LogNormal, Mixture, Trace, Uniform, load_trace,
                                    save_trace, synthetic)
 

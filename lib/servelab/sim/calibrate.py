@@ -47,8 +47,8 @@ from servelab.sim.steady import (LEVEL_EXPONENT_RANGE, LEVEL_WINDOW, LEVEL_WINDO
                                  reference_drift, reference_windows, reference_work, relevel, step_exponent, step_exponents,
                                  step_levels, time_reference, window_slices)
 from servelab.sim.profiled import PROFILE_TOKENS, fit_profiled
-from servelab.sim.step_model import (KindStepModel, LinearStepModel, StepShape, after_prompt, filled_bins, fit_by_kind,
-                                     fit_linear, fit_report, step_model_from_dict)
+from servelab.sim.fit import filled_bins, fit_by_kind, fit_linear, fit_report
+from servelab.sim.step_model import KindStepModel, LinearStepModel, StepShape, after_prompt, step_model_from_dict
 from servelab.workload import Exponential, LogNormal, Trace, percentile, synthetic
 
 __all__ = ["EngineRun", "run_engine", "build_llm", "CLOCKS", "engine_tree_state", "fit_step_model", "compare", "Comparison", "DEFAULT_MODEL_DIR",
@@ -536,7 +536,7 @@ def fit_step_model(runs, features=("prefill_tokens", "decode_rows", "decode_cont
                    profile: StepProfile | None = None):
     """Fit a step model to every recorded step of ``runs``.
 
-    ``kind="by_kind"`` (default): :func:`~servelab.sim.step_model.fit_by_kind`, a
+    ``kind="by_kind"`` (default): :func:`~servelab.sim.fit.fit_by_kind`, a
     linear model per step kind (``features`` and ``bins`` are then unused).
     ``kind="linear"``: one :class:`LinearStepModel` over all steps with
     ``features`` and an offset per row-count bin (the model before format 2).
