@@ -209,7 +209,7 @@ def test_prediction_is_the_median_over_the_model_scaled_a_little():
 def test_check_history_marks_the_present_method_and_tallies_by_processor():
     ref = cal.REFERENCE_NAME
     result = {"held_out_worst": 0.12, "held_out_median": 0.03,
-              "engine_measured_at": {"clock": "steady", "machine": {"cpu": "AMD EPYC"}},
+              "engine_measured_at": {"clock": "steady", "machine": {"cpu": "AMD EPYC"}, "git_commit": "abc1234"},
               "model": {"meta": {"reference_work": ref, "level_exponent": 1.0, "prompt_level_exponent": 0.6}},
               "rows": [{"set": "fit", "requests": 750}, {"set": "held-out", "requests": 360},
                        {"set": "held-out", "requests": 180}],
@@ -217,7 +217,7 @@ def test_check_history_marks_the_present_method_and_tallies_by_processor():
               "history": [
                   {"worst": 0.2, "median": 0.05, "cpu": "Intel(R) Xeon(R) Processor", "clock": "steady",
                    "reference": ref, "level_exponent": 0.9, "prompt_level_exponent": 0.5,
-                   "requests": [120, 60], "noise_floor": 0.11},
+                   "requests": [120, 60], "noise_floor": 0.11, "git_commit": "def5678"},
                   {"worst": 0.1, "median": 0.04, "cpu": "Intel(R) Xeon(R) Processor", "clock": "steady",
                    "reference": "one row through the weights", "level_exponent": 1.4},
                   {"worst": 0.14, "median": 0.06, "clock": "cpu"}]}
@@ -226,6 +226,7 @@ def test_check_history_marks_the_present_method_and_tallies_by_processor():
     assert checks[0]["worst"] == 0.12 and checks[0]["cpu"] == "AMD EPYC"
     assert [h["requests"] for h in checks] == [[360, 180], [120, 60], None, None]
     assert [h["noise_floor"] for h in checks] == [0.05, 0.11, None, None]
+    assert [h["git_commit"] for h in checks] == ["abc1234", "def5678", None, None]
     goal = {"worst": 0.15, "median": 0.07}
     assert check.met_by_cpu([h for h in checks if h["present"]], goal) == {"AMD EPYC": [1, 1], "Intel Xeon": [1, 0]}
     assert check.met_by_cpu(checks[3:], goal) == {"unrecorded": [1, 1]}

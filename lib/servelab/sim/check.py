@@ -293,7 +293,7 @@ def check_history(result: dict) -> list[dict]:
     """A check's result (``sim.json``'s ``"calibration"``) and the earlier checks it keeps,
     newest first, each ``{"worst", "median", "cpu", "clock", "reference", "level_exponent",
     "prompt_level_exponent", "predict_scales", "reference_warm", "requests", "noise_floor",
-    "aftermath", "present"}``.
+    "aftermath", "git_commit", "present"}``.
     ``present``: the present method (the steady clock's reference work a decode step, prompt
     work given its own power); ``predict_scales``: None for a check predicted with one
     simulation; ``reference_warm``: the untimed passes before each reference timing (None
@@ -301,7 +301,8 @@ def check_history(result: dict) -> list[dict]:
     checks before the families grew, of 60-200 requests); ``noise_floor``: the expected worst
     error of a perfect simulator against that check's medians (:func:`noise_floor`), where
     recorded; ``aftermath``: how many decode steps after a prompt step its step model priced
-    apart (None where not recorded: before December 2026, one step at most)."""
+    apart (None where not recorded: before December 2026, one step at most); ``git_commit``: the
+    engine's commit its runs were measured at."""
     meta = (result.get("model") or {}).get("meta", {})
     at = result.get("engine_measured_at") or {}
     this = {"worst": result.get("held_out_worst"), "median": result.get("held_out_median"),
@@ -312,7 +313,8 @@ def check_history(result: dict) -> list[dict]:
             "reference_warm": meta.get("reference_warm"),
             "requests": [r.get("requests") for r in result.get("rows") or [] if r.get("set") == "held-out"],
             "noise_floor": (result.get("noise_floor") or {}).get("expected_worst"),
-            "aftermath": len((result.get("model") or {}).get("aftermath") or ())}
+            "aftermath": len((result.get("model") or {}).get("aftermath") or ()),
+            "git_commit": at.get("git_commit")}
     out = []
     for h in [this] + list(result.get("history") or []):
         h = {k: h.get(k) for k in this}
