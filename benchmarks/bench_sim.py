@@ -508,6 +508,7 @@ def history_entry(was: dict) -> dict:
             "runs": next((r.get("runs") for r in held), None), "requests": [r.get("requests") for r in held],
             "noise_floor": (was.get("noise_floor") or {}).get("expected_worst"),
             "aftermath": len((was.get("model") or {}).get("aftermath") or ()),
+            "predicted_before": was.get("predicted_before"),
             "worst_spread": max((r["worst_spread"] for r in held if r.get("worst_spread") is not None), default=None)}
 
 

@@ -227,6 +227,7 @@ def test_check_history_marks_the_present_method_and_tallies_by_processor():
     assert [h["requests"] for h in checks] == [[360, 180], [120, 60], None, None]
     assert [h["noise_floor"] for h in checks] == [0.05, 0.11, None, None]
     assert [h["git_commit"] for h in checks] == ["abc1234", "def5678", None, None]
+    assert all(h["predicted_before"] is None for h in checks)
     goal = {"worst": 0.15, "median": 0.07}
     assert check.met_by_cpu([h for h in checks if h["present"]], goal) == {"AMD EPYC": [1, 1], "Intel Xeon": [1, 0]}
     assert check.met_by_cpu(checks[3:], goal) == {"unrecorded": [1, 1]}

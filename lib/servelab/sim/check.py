@@ -293,7 +293,7 @@ def check_history(result: dict) -> list[dict]:
     """A check's result (``sim.json``'s ``"calibration"``) and the earlier checks it keeps,
     newest first, each ``{"worst", "median", "cpu", "clock", "reference", "level_exponent",
     "prompt_level_exponent", "predict_scales", "reference_warm", "requests", "noise_floor",
-    "aftermath", "git_commit", "present"}``.
+    "aftermath", "git_commit", "predicted_before", "present"}``.
     ``present``: the present method (the steady clock's reference work a decode step, prompt
     work given its own power); ``predict_scales``: None for a check predicted with one
     simulation; ``reference_warm``: the untimed passes before each reference timing (None
@@ -302,7 +302,8 @@ def check_history(result: dict) -> list[dict]:
     error of a perfect simulator against that check's medians (:func:`noise_floor`), where
     recorded; ``aftermath``: how many decode steps after a prompt step its step model priced
     apart (None where not recorded: before December 2026, one step at most); ``git_commit``: the
-    engine's commit its runs were measured at."""
+    engine's commit its runs were measured at; ``predicted_before``: what its runs scored
+    before they were predicted again (a list, newest first; None where they were not)."""
     meta = (result.get("model") or {}).get("meta", {})
     at = result.get("engine_measured_at") or {}
     this = {"worst": result.get("held_out_worst"), "median": result.get("held_out_median"),
@@ -314,7 +315,7 @@ def check_history(result: dict) -> list[dict]:
             "requests": [r.get("requests") for r in result.get("rows") or [] if r.get("set") == "held-out"],
             "noise_floor": (result.get("noise_floor") or {}).get("expected_worst"),
             "aftermath": len((result.get("model") or {}).get("aftermath") or ()),
-            "git_commit": at.get("git_commit")}
+            "git_commit": at.get("git_commit"), "predicted_before": result.get("predicted_before")}
     out = []
     for h in [this] + list(result.get("history") or []):
         h = {k: h.get(k) for k in this}
