@@ -126,6 +126,8 @@ _LLM_D_KV = ("llm-d documentation, \"KV Cache Management\" (prefix-cache aware r
 
 _SARATHI_SERVE = ("Amey Agrawal et al., \"Taming Throughput-Latency Tradeoff in LLM Inference with "
                   "Sarathi-Serve\", OSDI 2024", "https://arxiv.org/abs/2403.02310")
+_GPT_FAST = ("Team PyTorch, \"Accelerating Generative AI with PyTorch II: GPT, Fast\", PyTorch blog (2023)",
+             "https://pytorch.org/blog/accelerating-generative-ai-2/")
 _SPLITWISE = ("Pratyush Patel et al., \"Splitwise: Efficient Generative LLM Inference Using Phase Splitting\", "
               "ISCA 2024", "https://arxiv.org/abs/2311.18677")
 _DISTSERVE = ("Yinmin Zhong et al., \"DistServe: Disaggregating Prefill and Decoding for Goodput-optimized "
@@ -235,6 +237,12 @@ SOURCES: dict[str, Source] = {s.key: s for s in [
        "gated-MLP width that keeps a SwiGLU layer at a plain 4x MLP's parameters (2/3 of 4d)", _GLU),
     _s("flashattention_speedup_gpt2", 3, "x",
        "FlashAttention's end-to-end training speedup on GPT-2 (sequence length 1K)", _FLASH),
+    _s("gpt_fast_eager_tokens_s", 25.5, "tokens/s",
+       "Llama-2-7B decoding at batch 1 on an A100-80GB (power-limited to 330 W) with a plain eager "
+       "PyTorch implementation: bound by the CPU's kernel launches", _GPT_FAST),
+    _s("gpt_fast_compiled_tokens_s", 107.0, "tokens/s",
+       "the same after torch.compile (mode=\"reduce-overhead\": CUDA graphs) with a static KV cache",
+       _GPT_FAST),
     _s("flashattention2_util_low", 0.50, "fraction",
        "FlashAttention-2's forward pass, share of the A100's peak FLOP/s (low end)", _FLASH2),
     _s("flashattention2_util_high", 0.73, "fraction",
