@@ -114,6 +114,17 @@ def test_diurnal_demand_and_capacity_for_the_peak():
         fleet.replicas_for_peak(r, 0)
 
 
+def test_the_slo_rate_is_judged_after_the_warm_up():
+    """The first arrivals meet an empty replica: judged from the start, a run claims more."""
+    from servelab.sim import simulate, synthetic
+    n, slo = 400, 1.2
+    rate = fleet.max_rate_for_slo(MODEL, CFG, ttft_p95_s=slo, prompt=Fixed(800), output=Fixed(200), n=n)
+    for r, ok in ((rate, True), (rate * 1.05, False)):
+        res = simulate(synthetic(n, r, seed=0, prompt=Fixed(800), output=Fixed(200)), MODEL, CFG,
+                       progress=False, timeline_points=0)
+        assert bool(np.percentile(res.ttft[n // 2:], 95) <= slo) is ok
+
+
 def test_highway_surge_and_outage():
     calm = fleet.highway(1.0, False)
     assert calm.offered == calm.edge_hits + calm.blocked + calm.rejected + calm.admitted
