@@ -263,6 +263,20 @@ def sensitivity(base: Mapping[str, Any] | None = None,
     return sorted(out, key=lambda s: s.swing, reverse=True)
 
 
+#: How the tornado chart names each knob.
+_KNOB_LABELS = {"cached_share": "cached share", "conversation_tokens": "conversation (tokens)",
+                "reply_tokens": "reply (tokens)", "price_per_chip_hour": "chip price ($/h)",
+                "batch": "batch (people)", "prefill_efficiency": "prefill efficiency"}
+
+
+def _knob_value(knob: str, value) -> str:
+    if knob == "price_per_chip_hour" and isinstance(value, (int, float)):
+        return f"${value:.2f}"
+    if isinstance(value, float) and value <= 1:
+        return f"{value:.0%}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def plot_sensitivity(results: Iterable[Sensitivity], ax=None, title: str | None = None):
     """A tornado chart: one bar per knob from its low-value cost to its high-value cost."""
     import matplotlib.pyplot as plt  # only when drawing
@@ -276,9 +290,13 @@ def plot_sensitivity(results: Iterable[Sensitivity], ax=None, title: str | None 
     for i, s in enumerate(reversed(results)):
         lo, hi = sorted((s.low_usd, s.high_usd))
         ax.barh(i, hi - lo, left=lo, color="tab:blue", alpha=0.7)
-        ax.text(hi, i, f"  {s.knob}: {s.low_value} → {s.high_value}", va="center", fontsize=8)
+        ax.text(hi, i, f"  {_KNOB_LABELS.get(s.knob, s.knob)}: {_knob_value(s.knob, s.low_value)}"
+                f" → {_knob_value(s.knob, s.high_value)}", va="center", fontsize=8)
     ax.axvline(base, color="black", lw=1, ls="--")
     ax.set_xscale("log")
+    lo_all = min(min(s.low_usd, s.high_usd) for s in results)
+    hi_all = max(max(s.low_usd, s.high_usd) for s in results)
+    ax.set_xlim(lo_all / 1.3, hi_all * 12)  # room for the labels right of the bars
     ax.set_yticks([])
     ax.set_xlabel("chip cost per chat (US$, log scale)")
     ax.set_title(title or "What moves the cost of a chat")
