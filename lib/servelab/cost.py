@@ -429,7 +429,7 @@ class TierPrice:
     chip time the rest of the batch then does not get. A reload moves bytes over
     a link; the chip only writes them into HBM (``hbm_write_s``). That holds
     when the load finishes before the request joins a batch. A layer-by-layer
-    load that outruns the pass holds the batch's step instead
+    load that takes longer than the pass holds the batch's step instead
     (:meth:`layerwise_stall_s`).
     """
 
