@@ -235,7 +235,7 @@ def wrong_types(res: Results, c: httpx.Client) -> None:
              ("logprobs 6", {"logprobs": 6}), ("seed -1", {"seed": -1}), ("seed 2^64", {"seed": 2 ** 64}),
              ("user an int", {"user": 5}), ("stream_options without stream", {"stream_options": {"include_usage": True}}),
              ("stream_options a list", {"stream": True, "stream_options": [1]}),
-             ("presence_penalty set", {"presence_penalty": 0.5}), ("logit_bias set", {"logit_bias": {"1": 5}}),
+             ("presence_penalty 2.5 (past OpenAI's range)", {"presence_penalty": 2.5}), ("logit_bias set", {"logit_bias": {"1": 5}}),
              ("best_of 2", {"best_of": 2}), ("echo true", {"echo": True}),
              ("max_tokens and max_completion_tokens disagree", {"max_tokens": 3, "max_completion_tokens": 4}),
              ("temperature 1e-300 (the sampler's dry run)", {"temperature": 1e-300})]

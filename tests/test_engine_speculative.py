@@ -207,3 +207,24 @@ def test_stop_string_inside_an_accepted_run_cuts_the_text_there():
                    speculative_config=NGRAM).generate([prompt], params)[0].outputs[0]
         assert spec.text == want.text == text[:text.find(stop)]
         assert spec.finish_reason == "stop" and spec.stop_reason == stop
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM, {"model": DRAFT, "num_speculative_tokens": 3}])
+def test_penalties_give_the_definitions_tokens_with_and_without_speculation(spec):
+    """Greedy with penalties: each token is the argmax of the model's logits after the
+    penalties of the prompt and the output so far (a loop over the model, no cache), and
+    speculation keeps exactly those tokens (each drafted row penalised by its own history)."""
+    from servelab.sampling import apply_penalties
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3,
+                        presence_penalty=0.4, frequency_penalty=0.3)
+    prompts = PROMPTS[:3]
+    got = _run(_engine(spec), prompts, sp)
+    for i, prompt in enumerate(prompts):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(sp.max_tokens):
+                row = TARGET(torch.tensor([ids]))[0, -1]
+                ids.append(int(apply_penalties(row, prompt, ids[len(prompt):], sp).argmax()))
+        assert got[f"r{i}"] == ids[len(prompt):]
+    plain = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    assert got != _run(_engine(), prompts, plain)  # the penalties changed something

@@ -145,3 +145,39 @@ def test_engine_reads_n_from_sampling_params():
                                                   ignore_eos=True))
     assert len(out) == 1 and len(out[0].outputs) == 3
     assert len({tuple(c.token_ids) for c in out[0].outputs}) == 1
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_favourite():
+    from servelab.sampling import min_p_filter
+    probs = torch.softmax(LOGITS, -1)
+    for m in (0.0, 0.2, 0.5, 0.99):
+        kept = torch.isfinite(min_p_filter(LOGITS, m))
+        assert kept.tolist() == (probs >= m * probs.max()).tolist()
+    assert torch.isfinite(min_p_filter(LOGITS, 1.0)).sum() == 1  # only the favourite
+    p = sampling_probs(LOGITS, SamplingParams(temperature=1.0, min_p=0.3))
+    assert p[probs < 0.3 * probs.max()].sum() == 0 and abs(float(p.sum()) - 1) < 1e-6
+
+
+def test_penalties_follow_their_definitions():
+    """repetition_penalty on prompt and output tokens (divide positive logits, multiply
+    negative ones); frequency per occurrence and presence once, on output tokens only."""
+    from servelab.sampling import apply_penalties
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, 1.0])
+    sp = SamplingParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5,
+                        frequency_penalty=0.25)
+    out = apply_penalties(logits, [0, 1], [3, 3], sp)
+    assert out.tolist() == [1.0, -2.0, 0.5, 3.0 / 2 - 0.5 - 0.5, 1.0]
+    assert apply_penalties(logits, [0], [3], SamplingParams()) is logits  # none set: untouched
+    # a penalty can change a greedy choice: token 3 led, repeated twice it falls behind token 0
+    assert int(sample(apply_penalties(logits, [], [3, 3], SamplingParams(
+        temperature=0.0, frequency_penalty=1.0))[None], SamplingParams(temperature=0.0))) == 0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(min_p=-0.1), "min_p"), (dict(min_p=1.5), "min_p"),
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(repetition_penalty=True), "repetition_penalty"),
+])
+def test_penalty_and_min_p_ranges_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)

@@ -155,7 +155,11 @@ def test_max_completion_tokens_and_defaults(tok):
     ({"model": MODEL, "prompt": "hi", "logprobs": 6}, "logprobs", 400),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream", 400),
     ({"model": MODEL, "prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options", 400),
-    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", 400),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", 400),
+    ({"model": MODEL, "prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", 400),
+    ({"model": MODEL, "prompt": "hi", "min_p": 1.5}, "min_p", 400),
+    ({"model": MODEL, "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", 400),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias", 400),
     ({"model": MODEL, "prompt": "hi", "user": 7}, "user", 400),
 ])
 def test_parse_refuses_bad_fields_naming_them(tok, bad, param, status):
@@ -663,3 +667,12 @@ def test_non_streamed_client_that_leaves_is_aborted(server):
         engine.sampler = real
     assert wait_until(lambda: idle(engine, loop))
     assert engine.scheduler.kv.allocator.num_used == 0
+
+
+def test_parse_accepts_penalties_and_min_p(tok):
+    """OpenAI's presence and frequency penalties and vLLM's min_p and repetition_penalty reach
+    the request's SamplingParams."""
+    body = {"model": MODEL, "prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "min_p": 0.1, "repetition_penalty": 1.2}
+    sp = parse_request(body, "completion", tok, LIMITS).sampling_params
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.min_p, sp.repetition_penalty) == (0.5, -0.25, 0.1, 1.2)

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from servelab.sampling import SamplingParams, make_generator, sample, top_logprobs, logprobs as log_softmax
+from servelab.sampling import SamplingParams, apply_penalties, make_generator, sample, top_logprobs
+from servelab.sampling import logprobs as log_softmax
 
 __all__ = ["GenerationResult", "generate", "encode_prompt", "decode_tokens", "PassTimes",
            "time_passes"]
@@ -116,7 +117,8 @@ def generate(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int 
     text, finish, reason = "", None, None
     while finish is None:
         banned = checker.suppressed_token_ids(len(out))
-        token = int(sample(suppress_tokens(logits[None], [banned])[0], params, generator))
+        shaped = apply_penalties(logits, prompt_ids, out, params)  # no-op without penalties
+        token = int(sample(suppress_tokens(shaped[None], [banned])[0], params, generator))
         out.append(token)
         if chosen_lp is not None:
             chosen_lp.append(float(log_softmax(logits)[token]))

@@ -30,6 +30,8 @@ __all__ = [
     "apply_temperature",
     "top_k_filter",
     "top_p_filter",
+    "min_p_filter",
+    "apply_penalties",
     "sampling_probs",
     "sample",
     "sample_batch",
@@ -61,6 +63,13 @@ class SamplingParams:
     accepts only 1).
     ``detokenize``: ``False`` returns token ids only, with empty text (vLLM's field; stop
     strings then cannot be used, as there).
+    ``min_p``: keep only tokens at least ``min_p`` times as likely as the favourite (after the
+    temperature); 0 = off.
+    ``presence_penalty``, ``frequency_penalty`` (OpenAI's, in [-2, 2]): subtract from a token's
+    logit once if it already appears in the output, and per time it appears; 0 = off.
+    ``repetition_penalty`` (Hugging Face's and vLLM's, > 0): divide a positive logit, multiply a
+    negative one, for every token already in the prompt or the output; 1 = off. The
+    penalties change greedy choices too (:func:`apply_penalties`).
     The rules themselves live in :class:`servelab.engine.stop.StopChecker`.
     """
 
@@ -77,6 +86,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     n: int = 1
     detokenize: bool = True
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -103,6 +116,14 @@ class SamplingParams:
             raise ValueError(f"n (completions per prompt) must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
+        if not _number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _number(v) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 disables it), got {v!r}")
+        if not _number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}")
         if self.stop and not self.detokenize:
             raise ValueError(f"stop strings {self.stop!r} need text, but detokenize=False; "
                              "use stop_token_ids, or detokenize=True")
@@ -111,6 +132,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 def check_max_tokens(max_tokens) -> int:
@@ -163,15 +192,57 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a token is actually drawn from under ``params`` (fp32).
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens at least ``min_p`` times as likely as each row's favourite (``0``: unchanged).
 
-    For greedy (``temperature = 0``) this is one-hot on the argmax.
+    Unlike top-p, the cut follows the model's confidence: a sure row keeps few tokens, a
+    flat row many.
+    """
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits
+    probs = torch.softmax(logits.float(), dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+
+
+def apply_penalties(logits: torch.Tensor, prompt_ids, output_ids, params: SamplingParams) -> torch.Tensor:
+    """One ``[vocab]`` row with ``params``' penalties applied, given what came before.
+
+    ``repetition_penalty`` r acts on every token already in the prompt or the output: a
+    positive logit is divided by r, a negative one multiplied (so r > 1 always makes it less
+    likely). ``frequency_penalty`` subtracts its value per time a token appears in the
+    output, ``presence_penalty`` once if it appears at all. The order and the split between
+    prompt and output are vLLM's. Returns ``logits`` itself when no penalty is set.
+    """
+    if not params.has_penalties:
+        return logits
+    vocab = logits.shape[-1]
+    out = torch.tensor([t for t in output_ids if 0 <= t < vocab], dtype=torch.long)
+    counts = torch.bincount(out, minlength=vocab).float()
+    logits = logits.float().clone()
+    if params.repetition_penalty != 1:
+        seen = counts > 0
+        prompt = [t for t in prompt_ids if 0 <= t < vocab]
+        if prompt:
+            seen[torch.tensor(prompt, dtype=torch.long)] = True
+        r = params.repetition_penalty
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a token is actually drawn from under ``params`` (fp32), after any
+    penalties (:func:`apply_penalties`, applied by the caller, who knows the history).
+
+    For greedy (``temperature = 0``) this is one-hot on the argmax. Otherwise: the
+    temperature, then min-p, then top-k, then top-p (vLLM's order).
     """
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = apply_temperature(logits, params.temperature)
+    logits = min_p_filter(logits, params.min_p)
     logits = top_k_filter(logits, params.top_k)
     logits = top_p_filter(logits, params.top_p)
     return torch.softmax(logits, dim=-1)

@@ -8,7 +8,9 @@ reproducible whatever else shares its batch: the random numbers it draws never
 depend on its neighbours. Rows without a seed share the engine's generator.
 
 Before that, a sequence that has not reached ``min_tokens`` gets its end and
-stop tokens masked out (:meth:`servelab.engine.stop.StopChecker.suppressed_token_ids`).
+stop tokens masked out (:meth:`servelab.engine.stop.StopChecker.suppressed_token_ids`),
+and a row whose request set penalties gets them from its own prompt and output
+(:func:`servelab.sampling.apply_penalties`).
 
 Rows whose request asked for ``logprobs`` also get the model's log-probability
 of the chosen token (and of its ``n`` best alternatives) recorded on their
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from servelab.sampling import logprobs, sample_batch, top_logprobs
+from servelab.sampling import apply_penalties, logprobs, sample_batch, top_logprobs
 
-__all__ = ["Sampler", "suppress_tokens"]
+__all__ = ["Sampler", "suppress_tokens", "penalize"]
 
 
 def suppress_tokens(logits: torch.Tensor, row_ids) -> torch.Tensor:
@@ -35,6 +37,19 @@ def suppress_tokens(logits: torch.Tensor, row_ids) -> torch.Tensor:
     return logits
 
 
+def penalize(logits: torch.Tensor, seqs) -> torch.Tensor:
+    """``logits`` with each row's penalties applied from its sequence's own prompt and output;
+    copies only if some row has penalties."""
+    rows = [i for i, s in enumerate(seqs) if s.sampling_params.has_penalties]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        s = seqs[i]
+        logits[i] = apply_penalties(logits[i], s.prompt_token_ids, s.output_token_ids, s.sampling_params)
+    return logits
+
+
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)  # for rows without their own seed
@@ -45,7 +60,7 @@ class Sampler:
                       if getattr(s, "stop_checker", None) is not None else () for s in seqs]
         params = [s.sampling_params for s in seqs]
         gens = [s.generator if s.generator is not None else self.generator for s in seqs]
-        out = sample_batch(suppress_tokens(logits, suppressed), params, gens).tolist()
+        out = sample_batch(suppress_tokens(penalize(logits, seqs), suppressed), params, gens).tolist()
         self._record_logprobs(logits, seqs, out)
         return out
 

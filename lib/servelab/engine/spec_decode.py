@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.sampling import logprobs as log_softmax, sampling_probs, top_logprobs
+from servelab.sampling import apply_penalties, sampling_probs, top_logprobs
+from servelab.sampling import logprobs as log_softmax
 from servelab.speculative import SpecStats, SpeculativeConfig, accept_tokens
 
 __all__ = ["SpecDecoder", "Drafts"]
@@ -134,6 +135,10 @@ class SpecDecoder:
                 banned = checker.suppressed_token_ids(n_out + i)
                 if banned:
                     rows[i, list(banned)] = float("-inf")
+        if sp.has_penalties:  # row i follows the output so far and the first i drafts
+            before = seq.token_ids[seq.num_prompt_tokens:d.num_tokens_before]
+            for i in range(rows.shape[0]):
+                rows[i] = apply_penalties(rows[i], seq.prompt_token_ids, before + d.tokens[:i], sp)
         p = sampling_probs(rows, sp)
         kept = accept_tokens(d.tokens, p, d.probs, gen)
         self.stats.record(len(d.tokens), len(kept) - 1)

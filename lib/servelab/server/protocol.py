@@ -32,10 +32,12 @@ MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 MAX_TEMPERATURE = 2.0
+#: The largest ``repetition_penalty`` accepted (vLLM's extension; 1 = off, 1.1-1.3 is typical).
+MAX_REPETITION_PENALTY = 10.0
 #: Most completions one request may ask for (``n``); each is a sequence of its own.
 MAX_N = 16
 #: Fields OpenAI defines that this server does not implement: refused unless at their default.
-_UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "best_of": 1,
+_UNSUPPORTED = {"logit_bias": None, "best_of": 1,
                 "echo": False, "suffix": None, "tools": None, "functions": None,
                 "response_format": None}
 
@@ -291,6 +293,10 @@ def parse_request(body: Any, kind: str, tokenizer, limits: Limits) -> ParsedRequ
     if top_k == -1:
         top_k = 0  # vLLM's spelling of "off"
     seed = _get_int(body, "seed", None, 0, 2 ** 63 - 1)
+    presence = _get_float(body, "presence_penalty", 0.0, -2.0, 2.0)    # OpenAI's range
+    frequency = _get_float(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    min_p = _get_float(body, "min_p", 0.0, 0.0, 1.0)                    # vLLM's extensions
+    repetition = _get_float(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, lo_open=True)
     stop = _stop_list(body)
     stream = _get_bool(body, "stream", False)
     opts = body.get("stream_options")
@@ -323,7 +329,8 @@ def parse_request(body: Any, kind: str, tokenizer, limits: Limits) -> ParsedRequ
     try:
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
                             stop=stop, stop_token_ids=stop_ids, seed=seed, logprobs=logprobs,
-                            ignore_eos=ignore_eos)
+                            ignore_eos=ignore_eos, min_p=min_p, presence_penalty=presence,
+                            frequency_penalty=frequency, repetition_penalty=repetition)
     except ValueError as exc:  # defensive: the checks above should have caught it
         raise bad_request(str(exc)) from exc
     return ParsedRequest(kind, model, ids, sp, stream=stream, include_usage=include_usage,
