@@ -184,6 +184,20 @@ def test_greedy_speculation_equals_plain_decoding(k):
             assert spec.stats.target_passes <= len(plain.token_ids)
 
 
+def test_greedy_speculation_with_penalties_equals_plain_decoding():
+    """Each drafted row is penalised by the output before it plus the drafts ahead of it."""
+    target, draft = _model(seed=0, layers=3), _model(seed=1, layers=1)
+    params = SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.3,
+                            presence_penalty=0.4, frequency_penalty=0.3)
+    for prompt in ([1, 2, 3], list(range(20))):
+        plain = generate(target, TOK, prompt, sampling=params, eos_token_id=[])
+        assert plain.token_ids != generate(target, TOK, prompt, max_new_tokens=20,
+                                           eos_token_id=[]).token_ids  # the penalties bite
+        for proposer in (DraftModelProposer(draft), NgramProposer(1, 3)):
+            spec = speculative_generate(target, TOK, prompt, proposer, 4, params)
+            assert spec.token_ids == plain.token_ids
+
+
 def test_a_perfect_draft_emits_k_plus_one_tokens_per_pass():
     target = _model(seed=0)
     spec = speculative_generate(target, TOK, [1, 2], DraftModelProposer(target), 4,

@@ -217,15 +217,16 @@ def apply_penalties(logits: torch.Tensor, prompt_ids, output_ids, params: Sampli
     """
     if not params.has_penalties:
         return logits
-    vocab = logits.shape[-1]
-    out = torch.tensor([t for t in output_ids if 0 <= t < vocab], dtype=torch.long)
+    vocab, device = logits.shape[-1], logits.device
+    # rebuilt from the id lists each call: O(context) a token, fine at the course's sizes
+    out = torch.tensor([t for t in output_ids if 0 <= t < vocab], dtype=torch.long, device=device)
     counts = torch.bincount(out, minlength=vocab).float()
     logits = logits.float().clone()
     if params.repetition_penalty != 1:
         seen = counts > 0
         prompt = [t for t in prompt_ids if 0 <= t < vocab]
         if prompt:
-            seen[torch.tensor(prompt, dtype=torch.long)] = True
+            seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
         r = params.repetition_penalty
         logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
     return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()

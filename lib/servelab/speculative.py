@@ -506,7 +506,7 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
     from servelab.engine.sampler import suppress_tokens
     from servelab.engine.stop import StopChecker
     from servelab.generation import _eos_ids, encode_prompt
-    from servelab.sampling import SamplingParams, make_generator, sampling_probs
+    from servelab.sampling import SamplingParams, apply_penalties, make_generator, sampling_probs
 
     params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     if max_new_tokens is not None:
@@ -572,6 +572,9 @@ def speculative_generate(target, tokenizer, prompt, proposer, num_speculative_to
             base = cache.length
             logits = target(torch.tensor([[context[-1]] + list(drafts)], device=device), cache=cache)[0]
             banned = [checker.suppressed_token_ids(len(out) + i) for i in range(logits.shape[0])]
+            if params.has_penalties:  # row i follows the output so far and the first i drafts
+                logits = torch.stack([apply_penalties(row, prompt_ids, out + list(drafts[:i]), params)
+                                      for i, row in enumerate(logits)])
             p = sampling_probs(suppress_tokens(logits, banned), params)  # min_tokens: never drawn
             emitted = acceptance(drafts, p, q, generator)
             t2 = time.perf_counter()

@@ -43,7 +43,7 @@ def penalize(logits: torch.Tensor, seqs) -> torch.Tensor:
     rows = [i for i, s in enumerate(seqs) if s.sampling_params.has_penalties]
     if not rows:
         return logits
-    logits = logits.clone()
+    logits = logits.float().clone()  # fp32, as vLLM: a bf16 row could round penalised scores into ties
     for i in rows:
         s = seqs[i]
         logits[i] = apply_penalties(logits[i], s.prompt_token_ids, s.output_token_ids, s.sampling_params)
